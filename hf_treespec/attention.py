@@ -1,0 +1,40 @@
+"""Tree attention: the 4D float mask and the attention-implementation checks that make it legal.
+
+Measured on transformers 5.23: a 4D *float* mask ``[B, 1, q, kv]`` (0 = attend, finfo.min = masked) with explicit
+``position_ids`` works with ``sdpa`` and ``eager``; a bool mask with eager is silently wrong; flash-attention-2 cannot
+express tree masks and flex-attention needs a BlockMask. So we always build float masks and refuse the others.
+"""
+
+from __future__ import annotations
+
+import torch
+
+TREE_MASK_ATTENTION = ("sdpa", "eager")
+
+
+def float_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``[q, kv]`` bool visibility -> ``[1, 1, q, kv]`` additive float mask in ``dtype``."""
+    mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+    mask.masked_fill_(~visible, torch.finfo(dtype).min)
+    return mask[None, None]
+
+
+def check_tree_attention(model: torch.nn.Module, role: str = "model") -> None:
+    """Switches a model whose attention cannot take a 4D float mask to sdpa, or refuses with advice."""
+    config = getattr(model, "config", None)
+    impl = getattr(config, "_attn_implementation", None)
+    if impl is None or impl in TREE_MASK_ATTENTION:
+        return
+    if hasattr(model, "set_attn_implementation"):
+        try:
+            model.set_attn_implementation("sdpa")
+            return
+        except Exception as err:  # pragma: no cover - depends on the architecture
+            raise ValueError(
+                f"The {role} uses attn_implementation={impl!r}, which cannot express tree attention masks, and "
+                f"switching it to 'sdpa' failed ({err}). Load it with attn_implementation='sdpa' or 'eager'."
+            ) from err
+    raise ValueError(
+        f"The {role} uses attn_implementation={impl!r}, which cannot express tree attention masks; load it with "
+        "attn_implementation='sdpa' or 'eager'."
+    )

@@ -1,0 +1,103 @@
+"""`TreeKV`: a DynamicCache laid out as [committed prefix][tree rows of the current step].
+
+Both the target (verification) and classic drafters (expansion) append tree nodes to their cache during a step and
+keep only the accepted path's rows afterwards. ``DynamicCache.crop`` only trims from the end, so the accepted rows are
+kept with one ``index_select`` per layer. Tree rows are tracked by node *uid*, so policies may prune and reindex the
+tree between expansions.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from .attention import float_mask
+from .tree import DraftTree
+
+
+def keep_rows(cache: DynamicCache, rows: torch.Tensor) -> None:
+    """Keeps the sequence rows ``rows`` (ascending) of every layer of ``cache`` in place."""
+    for layer in cache.layers:
+        if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
+            raise ValueError(
+                f"tree speculation needs a plain DynamicCache; got a {type(layer).__name__} layer "
+                "(sliding-window / static caches cannot drop rejected tree rows)."
+            )
+        if layer.keys is None or layer.keys.numel() == 0:
+            continue
+        layer.keys = layer.keys.index_select(-2, rows.to(layer.keys.device))
+        layer.values = layer.values.index_select(-2, rows.to(layer.values.device))
+
+
+class TreeKV:
+    """Bookkeeping for one model's cache while a tree is drafted or verified.
+
+    Attributes:
+        cache: the DynamicCache.
+        committed: rows of committed tokens held in the cache (everything before the tree region).
+        pending: committed tokens not yet in the cache (fed, as a causal chain, before the next tree nodes).
+    """
+
+    def __init__(self, cache: DynamicCache, committed: int = 0):
+        self.cache = cache
+        self.committed = committed
+        self.pending = torch.zeros(0, dtype=torch.long)
+        self._row_uids = torch.zeros(0, dtype=torch.long)  # uid of each tree row, in cache order
+
+    @property
+    def root_position(self) -> int:
+        """Position id of the tree root (= number of committed tokens before it)."""
+        return self.committed + int(self.pending.numel())
+
+    def _row_index(self, tree: DraftTree) -> torch.Tensor:
+        """Current tree index of every tree row's node, -1 where that node was pruned away."""
+        lookup = torch.full((tree.next_uid,), -1, dtype=torch.long)
+        lookup[tree.uids.cpu()] = torch.arange(tree.num_nodes)
+        return lookup[self._row_uids]
+
+    def inputs_for(
+        self, tree: DraftTree, nodes: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``input_ids``, ``position_ids`` ``[1, q]`` and the 4D float mask to feed pending tokens + ``nodes``."""
+        device = tree.device
+        nodes = nodes.to(device)
+        num_pending, num_rows, num_new = int(self.pending.numel()), int(self._row_uids.numel()), int(nodes.numel())
+        if num_pending and num_rows:
+            raise RuntimeError("pending tokens must be fed before any tree row")
+        anc = tree.ancestor_mask()[nodes]
+        # columns: committed rows | pending chain | earlier tree rows | new nodes
+        c0, c1 = self.committed, self.committed + num_pending
+        visible = torch.zeros(num_pending + num_new, c1 + num_rows + num_new, dtype=torch.bool, device=device)
+        visible[:, :c0] = True
+        visible[:num_pending, c0:c1] = torch.ones(num_pending, num_pending, dtype=torch.bool, device=device).tril()
+        visible[num_pending:, c0:c1] = True
+        if num_rows:
+            idx = self._row_index(tree).to(device)
+            present = idx >= 0
+            visible[num_pending:, c1 : c1 + num_rows] = anc[:, idx.clamp(min=0)] & present
+        visible[num_pending:, c1 + num_rows :] = anc[:, nodes]
+        root = self.root_position
+        positions = torch.cat([torch.arange(root - num_pending, root, device=device), root + tree.depth[nodes]])
+        ids = torch.cat([self.pending.to(device), tree.tokens[nodes]])
+        return ids[None], positions[None], float_mask(visible, dtype)
+
+    def fed(self, tree: DraftTree, nodes: torch.Tensor) -> None:
+        """Records that pending tokens and ``nodes`` were just appended to the cache."""
+        self.committed += int(self.pending.numel())
+        self.pending = self.pending[:0]
+        self._row_uids = torch.cat([self._row_uids, tree.uids[nodes].cpu()])
+
+    def commit(self, tree: DraftTree, accepted: torch.Tensor) -> None:
+        """Keeps the cache rows of the accepted path (root first); its un-fed tail becomes pending."""
+        uids = tree.uids[accepted].cpu()
+        row_of_uid = torch.full((tree.next_uid,), -1, dtype=torch.long)
+        row_of_uid[self._row_uids] = torch.arange(self._row_uids.numel())
+        rows = row_of_uid[uids]
+        num_cached = int((rows >= 0).sum())
+        if not bool((rows[:num_cached] >= 0).all()):
+            raise RuntimeError("fed nodes of an accepted path must form a prefix of it")
+        if self._row_uids.numel():
+            keep_rows(self.cache, torch.cat([torch.arange(self.committed), self.committed + rows[:num_cached]]))
+        self.committed += num_cached
+        self.pending = torch.cat([self.pending, tree.tokens[accepted[num_cached:]].cpu()])
+        self._row_uids = self._row_uids[:0]

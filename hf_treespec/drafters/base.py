@@ -1,0 +1,69 @@
+"""Drafter interface: proposes next-token logits for tree nodes. Drafters know nothing of policies or verifiers."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from ..registry import Registry
+from ..tree import DraftTree
+
+DRAFTER_ADAPTERS: Registry["Drafter"] = Registry("drafter adapter")
+
+
+@dataclass
+class TargetFeatures:
+    """What the target's forward produced for newly committed tokens (used by feature drafters, ignored otherwise).
+
+    ``hidden_states``: ``[k, H]`` target hidden states at the committed positions (row i predicts token i + 1).
+    """
+
+    hidden_states: torch.Tensor | None = None
+
+
+class Drafter(ABC):
+    """Per-generation state around an assistant model.
+
+    Life cycle: ``start(prefix)`` once (prefix = committed tokens before the first tree root), then per step any number
+    of ``expand(tree, nodes)`` calls and one ``commit(tree, accepted)``.
+    """
+
+    #: the assistant model classes this adapter handles; checked in registration order
+    model: torch.nn.Module
+
+    @classmethod
+    @abstractmethod
+    def accepts(cls, model: torch.nn.Module) -> bool:
+        """Whether this adapter knows how to drive ``model``."""
+
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int: ...
+
+    @abstractmethod
+    def start(self, prefix_ids: torch.Tensor, features: TargetFeatures | None = None) -> None:
+        """Prefill on ``prefix_ids`` ``[L]`` (the tokens before the first root)."""
+
+    @abstractmethod
+    def expand(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
+        """Raw next-token logits ``[len(nodes), V]`` (float32) after each node in ``nodes``, in one forward."""
+
+    @abstractmethod
+    def commit(self, tree: DraftTree, accepted: torch.Tensor, features: TargetFeatures | None = None) -> None:
+        """The target accepted path ``accepted`` (node indices, root first); drop every other tree row."""
+
+
+def as_drafter(model: torch.nn.Module) -> Drafter:
+    """Wraps an ``assistant_model`` in the first registered adapter that accepts it."""
+    if isinstance(model, Drafter):
+        return model
+    for name in DRAFTER_ADAPTERS:
+        adapter = DRAFTER_ADAPTERS.get(name)
+        if adapter.accepts(model):
+            return adapter(model)
+    raise ValueError(
+        f"Cannot use a {type(model).__name__} as a tree drafter: pass an AutoModelForCausalLM sharing the target's "
+        "vocabulary, a TreeSpecDrafterModel, or hf_treespec.drafters.truncated(model, num_layers=k)."
+    )

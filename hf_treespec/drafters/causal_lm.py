@@ -1,0 +1,58 @@
+"""Classic small-model drafting: any causal LM sharing the target's vocabulary, with its own KV cache."""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from ..attention import check_tree_attention
+from ..cache import TreeKV
+from ..tree import DraftTree
+from .base import DRAFTER_ADAPTERS, Drafter, TargetFeatures
+
+
+@DRAFTER_ADAPTERS.register("causal_lm")
+class CausalLMDrafter(Drafter):
+    """Feeds tree nodes through the assistant with tree attention; every node expanded in one call is one forward."""
+
+    def __init__(self, model: PreTrainedModel):
+        check_tree_attention(model, role="drafter")
+        self.model = model
+        self.kv: TreeKV | None = None
+
+    @classmethod
+    def accepts(cls, model) -> bool:
+        return isinstance(model, PreTrainedModel) and hasattr(model, "get_output_embeddings") and \
+            model.get_output_embeddings() is not None
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.config.get_text_config().vocab_size)
+
+    @property
+    def _dtype(self) -> torch.dtype:
+        return self.model.dtype
+
+    @torch.no_grad()
+    def start(self, prefix_ids, features: TargetFeatures | None = None) -> None:
+        self.kv = TreeKV(DynamicCache(config=self.model.config))
+        self.kv.pending = prefix_ids.long().cpu()
+
+    @torch.no_grad()
+    def expand(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
+        ids, positions, mask = self.kv.inputs_for(tree, nodes, self._dtype)
+        device = self.model.device
+        num_nodes = int(nodes.numel())
+        out = self.model(
+            input_ids=ids.to(device),
+            position_ids=positions.to(device),
+            attention_mask=mask.to(device),
+            past_key_values=self.kv.cache,
+            use_cache=True,
+            logits_to_keep=num_nodes,
+        )
+        self.kv.fed(tree, nodes)
+        return out.logits[0, -num_nodes:].float()
+
+    def commit(self, tree, accepted, features=None) -> None:
+        self.kv.commit(tree, accepted)

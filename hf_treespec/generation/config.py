@@ -1,0 +1,50 @@
+"""The tree-speculation generate kwargs. They live on the generation config, so they save and load with it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from transformers import GenerationConfig
+
+#: generate kwarg -> meaning. All default to None (= the chosen policy's paper default).
+TREE_GENERATION_KWARGS: dict[str, str] = {
+    "tree_policy": "how the draft tree is grown: " + "see hf_treespec.list_policies()",
+    "verifier": "how the target verifies it; default 'greedy' (do_sample=False) or the policy's sampling verifier",
+    "tree_budget": "N, number of draft nodes per step (root excluded)",
+    "tree_depth": "maximum tree depth (chain length for 'chain')",
+    "tree_topk": "k, children per expanded node (EAGLE-2 beam width)",
+    "salf_batch": "B, nodes expanded per SALF / optimal iteration",
+    "salf_threshold": "th, SALF stops when the popped batch's probability sum falls below it (0 = optimal search)",
+}
+
+
+def add_tree_kwargs(generation_config: GenerationConfig) -> None:
+    """Declares the tree kwargs on ``generation_config`` (None unless already set) so ``generate`` accepts them."""
+    for key in TREE_GENERATION_KWARGS:
+        if not hasattr(generation_config, key):
+            setattr(generation_config, key, None)
+
+
+@dataclass
+class TreeSpecSettings:
+    """Tree kwargs resolved from one ``generate`` call's generation config."""
+
+    policy: str
+    verifier: str | None
+    policy_params: dict[str, Any]
+    do_sample: bool
+
+    @classmethod
+    def from_generation_config(cls, generation_config: GenerationConfig) -> "TreeSpecSettings":
+        params = {
+            key: getattr(generation_config, key, None)
+            for key in TREE_GENERATION_KWARGS
+            if key not in ("tree_policy", "verifier")
+        }
+        return cls(
+            policy=getattr(generation_config, "tree_policy", None),
+            verifier=getattr(generation_config, "verifier", None),
+            policy_params=params,
+            do_sample=bool(generation_config.do_sample),
+        )

@@ -1,0 +1,210 @@
+"""The tree-speculative decoding loop: the one place where drafter, policy and verifier are composed."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+from ..attention import check_tree_attention
+from ..cache import TreeKV
+from ..drafters.base import Drafter, as_drafter
+from ..policies import POLICIES, TreePolicy
+from ..tree import DraftTree
+from ..verifiers import VERIFIERS, Verifier
+from .config import TreeSpecSettings
+from .draft_source import WarpedDraftSource
+from .processors import process_tree_logits
+
+
+@dataclass
+class TreeSpecGenerateOutput(GenerateDecoderOnlyOutput):
+    """`GenerateDecoderOnlyOutput` plus what a speculative run costs and gains.
+
+    Attributes:
+        accepted_lengths: tokens committed per target forward after the prefill (accepted drafts + 1), so their
+            mean is tau.
+        tree_sizes: draft nodes verified per step.
+        draft_seconds / verify_seconds / total_seconds: wall-clock split (verify = target forward + verification).
+    """
+
+    accepted_lengths: list[int] | None = None
+    tree_sizes: list[int] | None = None
+    draft_forwards: int | None = None
+    draft_seconds: float | None = None
+    verify_seconds: float | None = None
+    total_seconds: float | None = None
+
+
+def resolve(generation_config: GenerationConfig) -> tuple[TreePolicy, Verifier]:
+    """Builds the policy and verifier named in the generation config, refusing pairs that would not be lossless."""
+    settings = TreeSpecSettings.from_generation_config(generation_config)
+    policy_cls = POLICIES.get(settings.policy)
+    params = {k: v for k, v in settings.policy_params.items() if k in policy_cls.defaults}
+    ignored = [k for k, v in settings.policy_params.items() if v is not None and k not in policy_cls.defaults]
+    if ignored:
+        raise ValueError(
+            f"tree_policy={settings.policy!r} does not use {ignored}; it takes {sorted(policy_cls.defaults)}."
+        )
+    policy = policy_cls(do_sample=settings.do_sample, **params)
+    verifier_name = settings.verifier or ("greedy" if not settings.do_sample else policy.default_verifier)
+    verifier_cls = VERIFIERS.get(verifier_name)
+    verifier_cls.check_compatible(
+        policy.regime_for(), is_chain=policy.is_chain, do_sample=settings.do_sample, policy=settings.policy
+    )
+    return policy, verifier_cls()
+
+
+def check_drafter(target: torch.nn.Module, assistant: torch.nn.Module | None) -> Drafter:
+    if assistant is None:
+        raise ValueError(
+            "tree_policy needs a drafter: pass assistant_model= (an AutoModelForCausalLM with the same vocabulary, "
+            "a TreeSpecDrafterModel, or hf_treespec.drafters.truncated(model, num_layers=k))."
+        )
+    drafter = as_drafter(assistant)
+    target_vocab = int(target.config.get_text_config().vocab_size)
+    if drafter.vocab_size != target_vocab:
+        raise ValueError(
+            f"The drafter's vocabulary ({drafter.vocab_size} tokens) does not match the target's ({target_vocab}). "
+            "Tree speculation verifies draft token ids directly, so both must share one tokenizer; pick a drafter "
+            "trained on the target's tokenizer (transformers' universal assisted decoding, without tree_policy, "
+            "handles different tokenizers)."
+        )
+    return drafter
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.no_grad()
+def tree_speculative_decoding(
+    model,
+    input_ids: torch.LongTensor,
+    logits_processor: LogitsProcessorList,
+    stopping_criteria: StoppingCriteriaList,
+    generation_config: GenerationConfig,
+    streamer=None,
+    assistant_model=None,
+    **model_kwargs,
+):
+    """Tree-speculative replacement of ``_assisted_decoding`` (same inputs, same outputs)."""
+    t_start = time.perf_counter()
+    if input_ids.shape[0] != 1:
+        raise ValueError(f"tree speculation supports batch size 1 (got {input_ids.shape[0]}); loop over prompts.")
+    if input_ids.shape[1] == 0:
+        raise ValueError("tree speculation needs a non-empty prompt.")
+    mask = model_kwargs.get("attention_mask")
+    if mask is not None and not bool(mask.all()):
+        raise ValueError("tree speculation does not support padded prompts (attention_mask with zeros).")
+    if generation_config.output_attentions or generation_config.output_hidden_states:
+        raise ValueError(
+            "output_attentions / output_hidden_states are not available with tree_policy: tree forwards mix "
+            "rejected branches into those tensors. Drop tree_policy to get them."
+        )
+    policy, verifier = resolve(generation_config)
+    drafter = check_drafter(model, assistant_model)
+    check_tree_attention(model, role="target model")
+    cache = model_kwargs.get("past_key_values")
+    if cache is None:
+        raise ValueError("tree speculation needs use_cache=True.")
+
+    do_sample = generation_config.do_sample
+    want_dict = generation_config.return_dict_in_generate
+    scores = () if (want_dict and generation_config.output_scores) else None
+    raw_logits = () if (want_dict and generation_config.output_logits) else None
+    device = input_ids.device
+    target_kv = TreeKV(cache)
+
+    # prefill: the target's first token, chosen exactly as plain generate chooses it
+    prompt_len = input_ids.shape[1]
+    out = model(
+        input_ids=input_ids,
+        position_ids=torch.arange(prompt_len, device=device)[None],
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    target_kv.committed = prompt_len
+    logits = out.logits[:, -1].float()
+    processed = logits_processor(input_ids, logits)
+    first = torch.multinomial(processed.softmax(-1), 1)[0] if do_sample else processed.argmax(-1)
+    t0 = time.perf_counter()
+    drafter.start(input_ids[0])
+    draft_seconds = time.perf_counter() - t0
+    verify_seconds = 0.0
+    accepted_lengths: list[int] = []
+    tree_sizes: list[int] = []
+    draft_forwards = 0
+
+    def emit(tokens: torch.Tensor, proc_rows: torch.Tensor, raw_rows: torch.Tensor) -> bool:
+        """Appends tokens one by one, honouring every stopping criterion inside the chunk; True when done."""
+        nonlocal input_ids, scores, raw_logits
+        done = False
+        count = 0
+        for i in range(tokens.numel()):
+            input_ids = torch.cat([input_ids, tokens[i].view(1, 1).to(device)], dim=1)
+            count += 1
+            if scores is not None:
+                scores += (proc_rows[i : i + 1],)
+            if raw_logits is not None:
+                raw_logits += (raw_rows[i : i + 1],)
+            if bool(stopping_criteria(input_ids, scores).any()):
+                done = True
+                break
+        if streamer is not None:
+            streamer.put(input_ids[:, -count:].cpu())
+        return done
+
+    finished = emit(first.view(1), processed, logits)
+    while not finished:
+        root = int(input_ids[0, -1])
+        source = WarpedDraftSource(drafter, logits_processor, input_ids)
+        _sync(device)
+        t0 = time.perf_counter()
+        tree: DraftTree = policy.build(source, root, device)
+        _sync(device)
+        t1 = time.perf_counter()
+        nodes = torch.arange(tree.num_nodes, device=device)
+        ids, positions, mask4d = target_kv.inputs_for(tree, nodes, model.dtype)
+        out = model(
+            input_ids=ids.to(device), position_ids=positions.to(device), attention_mask=mask4d.to(device),
+            past_key_values=cache, use_cache=True,
+        )
+        target_kv.fed(tree, nodes)
+        raw = out.logits[0].float()
+        processed = process_tree_logits(logits_processor, input_ids, tree, nodes, raw)
+        result = verifier.verify(tree, processed)
+        _sync(device)
+        t2 = time.perf_counter()
+        draft_seconds += t1 - t0
+        verify_seconds += t2 - t1
+        draft_forwards += source.num_forwards
+        accepted = result.accepted
+        new_tokens = torch.cat([tree.tokens[accepted[1:]], torch.tensor([result.next_token], device=tree.device)])
+        accepted_lengths.append(int(new_tokens.numel()))
+        tree_sizes.append(tree.num_nodes - 1)
+        target_kv.commit(tree, accepted)
+        drafter.commit(tree, accepted)
+        finished = emit(new_tokens, processed[accepted], raw[accepted])
+
+    if streamer is not None:
+        streamer.end()
+    if not want_dict:
+        return input_ids
+    return TreeSpecGenerateOutput(
+        sequences=input_ids,
+        scores=scores,
+        logits=raw_logits,
+        past_key_values=cache,
+        accepted_lengths=accepted_lengths,
+        tree_sizes=tree_sizes,
+        draft_forwards=draft_forwards,
+        draft_seconds=draft_seconds,
+        verify_seconds=verify_seconds,
+        total_seconds=time.perf_counter() - t_start,
+    )

@@ -1,0 +1,75 @@
+"""Tree policy interface: how a draft tree is grown. Policies see a draft source and the tree, never a verifier."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, Protocol
+
+import torch
+
+from ..registry import Registry
+from ..tree import DraftTree, Regime
+
+POLICIES: Registry["TreePolicy"] = Registry("tree policy")
+
+
+class DraftSource(Protocol):
+    """What a policy may ask of the drafter: warped log-probabilities of the children of some nodes, in one forward."""
+
+    def logprobs(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
+        """``[len(nodes), V]`` log q(. | node) after the same logits processors as the target's."""
+
+
+class TreePolicy(ABC):
+    """Grows a `DraftTree` from a root token.
+
+    ``defaults`` lists the generate kwargs the policy reads (``tree_budget``, ``tree_depth`` ...) with the values of its
+    paper; the generation config overrides them. ``regime`` says how children are made (which verifiers stay
+    lossless); ``default_verifier`` is used when sampling and the user named none.
+    """
+
+    defaults: ClassVar[dict[str, Any]] = {}
+    regime: ClassVar[str] = Regime.DETERMINISTIC
+    default_verifier: ClassVar[str] = "nss"
+    name: ClassVar[str] = ""
+
+    def __init__(self, do_sample: bool = False, **params: Any):
+        self.do_sample = do_sample
+        unknown = set(params) - set(self.defaults)
+        if unknown:
+            raise TypeError(f"tree_policy={self.name!r} does not take {sorted(unknown)}")
+        self.params = {**self.defaults, **{k: v for k, v in params.items() if v is not None}}
+        self.validate()
+
+    def validate(self) -> None:
+        budget = self.params.get("tree_budget")
+        if budget is not None and int(budget) < 1:
+            raise ValueError(f"tree_budget must be >= 1 (number of draft nodes per step), got {budget}.")
+        depth = self.params.get("tree_depth")
+        if depth is not None and int(depth) < 1:
+            raise ValueError(f"tree_depth must be >= 1, got {depth}.")
+        topk = self.params.get("tree_topk")
+        if topk is not None and int(topk) < 1:
+            raise ValueError(f"tree_topk must be >= 1, got {topk}.")
+
+    @property
+    def is_chain(self) -> bool:
+        """Whether every tree this policy builds is a single path (for chain-only verifiers)."""
+        return False
+
+    def regime_for(self) -> str:
+        return self.regime
+
+    @abstractmethod
+    def build(self, source: DraftSource, root_token: int, device: torch.device) -> DraftTree:
+        """Grows the tree for one decoding step."""
+
+
+def top_by_score(tree: DraftTree, count: int) -> DraftTree:
+    """Keeps the root and the ``count`` best-scoring other nodes. Ties go to lower indices, so parents (score >=
+    child's, index < child's) always outrank their children and the result is closed under parents."""
+    if tree.num_nodes - 1 <= count:
+        return tree
+    order = torch.sort(-tree.scores[1:], stable=True).indices[:count] + 1
+    keep = torch.cat([order.new_zeros(1), order])
+    return tree.select(keep)

@@ -1,0 +1,102 @@
+"""Optimal tree search (SpecExec) and SALF: Algorithm 2 of papers/salf_talf.txt.
+
+A capacity-N queue Q of unexpanded nodes and the output tree G. Each iteration pops the B best nodes of Q into G,
+drops those that cannot stay in G (pr <= min pr of a full G), stops when what is left sums below ``th`` (SALF;
+th = 0 is the optimal search), and expands the rest in one batched draft forward.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..tree import DraftTree
+from .base import POLICIES, TreePolicy
+
+
+@POLICIES.register("salf")
+class SALFPolicy(TreePolicy):
+    defaults = {"tree_budget": 60, "tree_depth": None, "salf_batch": 10, "salf_threshold": 0.6}
+
+    def validate(self) -> None:
+        super().validate()
+        if int(self.params["salf_batch"]) < 1:
+            raise ValueError(f"salf_batch must be >= 1, got {self.params['salf_batch']}.")
+        th = float(self.params["salf_threshold"])
+        if not 0 <= th < 1:
+            raise ValueError(f"salf_threshold must be in [0, 1), got {th}.")
+
+    def build(self, source, root_token, device) -> DraftTree:
+        capacity = int(self.params["tree_budget"]) + 1  # G holds the root and N draft nodes
+        batch, th = int(self.params["salf_batch"]), float(self.params["salf_threshold"])
+        max_depth = self.params["tree_depth"]
+        tree = DraftTree.root(root_token, device=device)
+        in_g = torch.ones(1, dtype=torch.bool, device=device)  # popped into G
+        fresh = torch.ones(1, dtype=torch.bool, device=device)  # popped in the latest iteration (first: the root)
+        while True:
+            # a full G only admits nodes above its current minimum: the others' children can never enter it
+            full = int(in_g.sum()) >= capacity
+            candidates = fresh & (tree.scores > tree.scores[in_g].min()) if full else fresh
+            if max_depth is not None:
+                candidates &= tree.depth < int(max_depth)
+            expand = candidates.nonzero().squeeze(-1)
+            if expand.numel() == 0 or float(tree.scores[expand].exp().sum()) < th:
+                break
+            logq = source.logprobs(tree, expand)
+            k = min(capacity, logq.shape[-1])
+            vals, toks = logq.topk(k, dim=-1)
+            tree = tree.add_children(expand[:, None].expand(-1, k).reshape(-1), toks.reshape(-1), vals.reshape(-1))
+            in_g = _pad(in_g, tree.num_nodes)
+            tree, in_g = _prune_queue(tree, in_g, capacity)
+            queue = (~in_g).nonzero().squeeze(-1)
+            if queue.numel() == 0:
+                break
+            best = queue[tree.scores[queue].topk(min(batch, queue.numel())).indices]
+            in_g[best] = True
+            fresh = torch.zeros_like(in_g)
+            fresh[best] = True
+            tree, in_g, fresh = _cap_g(tree, in_g, fresh, capacity)
+        return tree.select(in_g.nonzero().squeeze(-1))
+
+
+def _pad(mask: torch.Tensor, size: int) -> torch.Tensor:
+    return torch.cat([mask, mask.new_zeros(size - mask.numel())])
+
+
+def _keep(tree: DraftTree, keep: torch.Tensor, *masks: torch.Tensor):
+    """Keeps ``keep`` (bool) closed under parents (orphans can never enter G: their pr <= the dropped parent's)."""
+    keep = keep.clone()
+    keep[0] = True
+    parents = tree.parents.clamp(min=0)
+    for _ in range(tree.max_depth):
+        keep = keep & (keep[parents] | (tree.parents < 0))
+    idx = keep.nonzero().squeeze(-1)
+    return (tree.select(idx), *(m[idx] for m in masks))
+
+
+def _prune_queue(tree: DraftTree, in_g: torch.Tensor, capacity: int):
+    """Q has capacity N: keep G plus the ``capacity`` best queued nodes."""
+    queued = ~in_g
+    if int(queued.sum()) <= capacity:
+        return tree, in_g
+    scores = torch.where(queued, tree.scores, torch.full_like(tree.scores, float("-inf")))
+    keep = in_g.clone()
+    keep[scores.topk(capacity).indices] = True
+    return _keep(tree, keep, in_g)
+
+
+def _cap_g(tree: DraftTree, in_g: torch.Tensor, fresh: torch.Tensor, capacity: int):
+    """G has capacity N: drop its lowest-scoring nodes (ties to later indices, so parents stay)."""
+    if int(in_g.sum()) <= capacity:
+        return tree, in_g, fresh
+    g = in_g.nonzero().squeeze(-1)
+    order = torch.sort(-tree.scores[g], stable=True).indices
+    keep = torch.ones_like(in_g)
+    keep[g[order[capacity:]]] = False
+    return _keep(tree, keep, in_g, fresh)
+
+
+@POLICIES.register("optimal")
+class OptimalPolicy(SALFPolicy):
+    """SpecExec's optimal search: SALF with threshold 0 (stops only when no popped node can improve G)."""
+
+    defaults = {**SALFPolicy.defaults, "salf_threshold": 0.0}

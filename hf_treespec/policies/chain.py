@@ -1,0 +1,36 @@
+"""Single-path drafting: argmax at T=0 (deterministic), a sample from q when sampling (chain speculative sampling)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..tree import DraftTree, Regime
+from .base import POLICIES, TreePolicy
+
+
+@POLICIES.register("chain")
+class ChainPolicy(TreePolicy):
+    defaults = {"tree_depth": 5}
+    default_verifier = "naive"
+
+    @property
+    def is_chain(self) -> bool:
+        return True
+
+    def regime_for(self) -> str:
+        return Regime.IID if self.do_sample else Regime.DETERMINISTIC
+
+    def build(self, source, root_token, device) -> DraftTree:
+        tree = DraftTree.root(root_token, device=device, regime=self.regime_for())
+        node = torch.zeros(1, dtype=torch.long, device=device)
+        for _ in range(int(self.params["tree_depth"])):
+            logq = source.logprobs(tree, node)[0]
+            if self.do_sample:
+                q = logq.exp()
+                tree = tree.record_draft_probs(node, q[None])
+                token = torch.multinomial(q, 1)
+            else:
+                token = logq.argmax().reshape(1)
+            tree = tree.add_children(node, token, logq[token])
+            node = torch.tensor([tree.num_nodes - 1], device=device)
+        return tree

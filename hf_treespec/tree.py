@@ -1,0 +1,182 @@
+"""`DraftTree`: a speculation tree held as flat tensors (one row per node), never as Python node objects.
+
+Node 0 is the root: the last committed token, whose KV row is not yet in the target cache. Every other node is a
+draft token whose parent index is smaller than its own, so ``tokens[parents[i]]`` precedes ``tokens[i]``.
+Siblings appear in draft-rank order (best first), which is the order sequential verifiers visit them in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+
+
+class Regime:
+    """How children are made: decides which verifiers stay lossless (ALGORITHMS.md, "Drafting regimes")."""
+
+    DETERMINISTIC = "deterministic"  # top-k by draft score (EAGLE-2, optimal, SALF, C2T, chain at T=0)
+    IID = "iid"  # paths sampled with replacement from q (SpecInfer / SpecTr, delayed expansion)
+    SWOR = "swor"  # siblings sampled without replacement from q (Sequoia, DySpec)
+
+    ALL = (DETERMINISTIC, IID, SWOR)
+
+
+@dataclass
+class DraftTree:
+    """Flat tensor representation of a draft tree.
+
+    Attributes:
+        tokens: ``[n]`` token id per node (node 0 = root).
+        parents: ``[n]`` parent index, -1 for the root.
+        depth: ``[n]`` distance from the root.
+        scores: ``[n]`` cumulative draft log-probability of the path root -> node (root: 0).
+        regime: one of :class:`Regime`.
+        draft_probs: optional ``[m, V]`` table of warped draft distributions q(. | node) for expanded nodes.
+        q_index: ``[n]`` row of ``draft_probs`` holding q(. | node), -1 where the node was not expanded.
+        uids: ``[n]`` identity of each node that survives ``select`` (caches map uids, not indices, to KV rows).
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    depth: torch.Tensor
+    scores: torch.Tensor
+    regime: str = Regime.DETERMINISTIC
+    draft_probs: torch.Tensor | None = None
+    q_index: torch.Tensor | None = None
+    uids: torch.Tensor | None = None
+    next_uid: int = 1
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.uids is None:  # trees written out by hand (tests, tools): identities are the indices
+            self.uids = torch.arange(self.tokens.shape[0], device=self.tokens.device)
+            self.next_uid = int(self.tokens.shape[0])
+
+    # ----------------------------------------------------------------------------------------------- construction
+    @classmethod
+    def root(cls, token: int | torch.Tensor, device: torch.device | str = "cpu", regime: str = Regime.DETERMINISTIC):
+        token = torch.as_tensor(token, device=device).reshape(1).long()
+        zeros = torch.zeros(1, dtype=torch.long, device=device)
+        return cls(
+            tokens=token,
+            parents=torch.full((1,), -1, dtype=torch.long, device=device),
+            depth=zeros,
+            scores=torch.zeros(1, dtype=torch.float32, device=device),
+            regime=regime,
+            uids=zeros.clone(),
+        )
+
+    def add_children(self, parents: torch.Tensor, tokens: torch.Tensor, logprobs: torch.Tensor) -> "DraftTree":
+        """Returns a new tree with children appended; ``logprobs`` is the child's own draft log-prob (not cumulative)."""
+        parents = parents.long()
+        count = int(parents.numel())
+        new_uids = torch.arange(self.next_uid, self.next_uid + count, device=self.device)
+        return replace(
+            self,
+            uids=torch.cat([self.uids, new_uids]),
+            next_uid=self.next_uid + count,
+            tokens=torch.cat([self.tokens, tokens.long()]),
+            parents=torch.cat([self.parents, parents]),
+            depth=torch.cat([self.depth, self.depth[parents] + 1]),
+            scores=torch.cat([self.scores, self.scores[parents] + logprobs.float()]),
+            q_index=None if self.q_index is None else torch.cat([self.q_index, torch.full_like(parents, -1)]),
+            _cache={},
+        )
+
+    def record_draft_probs(self, nodes: torch.Tensor, probs: torch.Tensor) -> "DraftTree":
+        """Returns a new tree that remembers q(. | node) for ``nodes`` (rows of ``probs``)."""
+        q_index = self.q_index if self.q_index is not None else torch.full_like(self.tokens, -1)
+        start = 0 if self.draft_probs is None else self.draft_probs.shape[0]
+        table = probs if self.draft_probs is None else torch.cat([self.draft_probs, probs])
+        q_index = q_index.clone()
+        q_index[nodes.long()] = torch.arange(start, start + nodes.numel(), device=q_index.device)
+        return replace(self, draft_probs=table, q_index=q_index, _cache={})
+
+    def select(self, keep: torch.Tensor) -> "DraftTree":
+        """Sub-tree with the nodes of the boolean/index ``keep`` (must be closed under parents; root kept first)."""
+        if keep.dtype == torch.bool:
+            keep = keep.nonzero().squeeze(-1)
+        keep = keep.sort().values
+        remap = torch.full((self.num_nodes,), -1, dtype=torch.long, device=self.tokens.device)
+        remap[keep] = torch.arange(keep.numel(), device=keep.device)
+        old_parents = self.parents[keep]
+        new_parents = torch.where(old_parents >= 0, remap[old_parents.clamp(min=0)], old_parents)
+        if bool((new_parents[1:] < 0).any()) or int(keep[0]) != 0:
+            raise ValueError("DraftTree.select: the kept set must contain the root and every kept node's parent")
+        return replace(
+            self,
+            tokens=self.tokens[keep],
+            parents=new_parents,
+            depth=self.depth[keep],
+            scores=self.scores[keep],
+            q_index=None if self.q_index is None else self.q_index[keep],
+            uids=self.uids[keep],
+            _cache={},
+        )
+
+    # ------------------------------------------------------------------------------------------------ properties
+    @property
+    def num_nodes(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def __len__(self) -> int:
+        return self.num_nodes
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.depth.max())
+
+    @property
+    def device(self) -> torch.device:
+        return self.tokens.device
+
+    def is_chain(self) -> bool:
+        """True when every node has at most one child."""
+        return self.num_nodes - 1 == self.max_depth
+
+    def draft_q(self, node: int) -> torch.Tensor:
+        """q(. | node) recorded while drafting; raises if the policy did not record it."""
+        if self.q_index is None or int(self.q_index[node]) < 0:
+            raise ValueError(f"node {node} has no recorded draft distribution (policy did not record q)")
+        return self.draft_probs[int(self.q_index[node])]
+
+    # ------------------------------------------------------------------------------------------- derived tensors
+    def ancestor_mask(self) -> torch.Tensor:
+        """``[n, n]`` bool, ``[i, j]`` True iff j is i or an ancestor of i. Built by pointer chasing over depth."""
+        if "anc" not in self._cache:
+            n = self.num_nodes
+            rows = torch.arange(n, device=self.device)
+            anc = torch.zeros(n, n, dtype=torch.bool, device=self.device)
+            anc[rows, rows] = True
+            cur = self.parents.clone()
+            for _ in range(self.max_depth):
+                valid = cur >= 0
+                anc[rows[valid], cur[valid]] = True
+                cur = torch.where(valid, self.parents[cur.clamp(min=0)], cur)
+            self._cache["anc"] = anc
+        return self._cache["anc"]
+
+    def paths(self) -> torch.Tensor:
+        """``[n, max_depth + 1]`` tokens on the path root -> node, padded with -1 after the node's depth."""
+        if "paths" not in self._cache:
+            anc = self.ancestor_mask()
+            node, ancestor = anc.nonzero(as_tuple=True)
+            out = torch.full((self.num_nodes, self.max_depth + 1), -1, dtype=torch.long, device=self.device)
+            out[node, self.depth[ancestor]] = self.tokens[ancestor]
+            self._cache["paths"] = out
+        return self._cache["paths"]
+
+    def path_to(self, node: int) -> torch.Tensor:
+        """Node indices root -> ``node``."""
+        return self.ancestor_mask()[node].nonzero().squeeze(-1)
+
+    def children(self, node: int) -> torch.Tensor:
+        """Indices of the children of ``node`` in sibling (draft-rank) order."""
+        return (self.parents == node).nonzero().squeeze(-1)
+
+    def num_children(self) -> torch.Tensor:
+        """``[n]`` number of children per node."""
+        counts = torch.zeros(self.num_nodes, dtype=torch.long, device=self.device)
+        counts.index_add_(0, self.parents[1:], torch.ones_like(self.parents[1:]))
+        return counts

@@ -1,0 +1,92 @@
+"""Verifier interface: a verifier sees a `DraftTree` and target logits, never a model."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from ..registry import Registry
+from ..tree import DraftTree, Regime
+
+VERIFIERS: Registry["Verifier"] = Registry("verifier")
+
+
+@dataclass
+class VerifyResult:
+    """Outcome of one verification step.
+
+    Attributes:
+        accepted: node indices of the accepted path, root first (the root is always "accepted": it is committed).
+        next_token: the token emitted after the accepted path (bonus or correction token).
+    """
+
+    accepted: torch.Tensor
+    next_token: int
+
+    @property
+    def num_accepted_drafts(self) -> int:
+        return int(self.accepted.numel()) - 1
+
+
+class Verifier(ABC):
+    """Decides which path of a draft tree the target accepts, preserving the target distribution.
+
+    Subclasses declare the drafting regimes (:class:`~hf_treespec.tree.Regime`) they are lossless for, whether they
+    only verify single chains, and whether they work at T=0 (greedy) or need sampling.
+    """
+
+    name: str = ""
+    lossless_regimes: frozenset[str] = frozenset(Regime.ALL)
+    chain_only: bool = False
+    sampling: bool = True  # False for the T=0 (argmax) verifier
+    needs_draft_probs: bool = False
+
+    @abstractmethod
+    def verify(
+        self, tree: DraftTree, target_logits: torch.Tensor, generator: torch.Generator | None = None
+    ) -> VerifyResult:
+        """``target_logits``: ``[n, V]`` processed (warped) target logits at every tree node, float32."""
+
+    # --------------------------------------------------------------------------------------------- compatibility
+    @classmethod
+    def check_compatible(cls, regime: str, *, is_chain: bool, do_sample: bool, policy: str = "") -> None:
+        """Raises ValueError when this verifier would not be lossless for the given drafting setup."""
+        where = f" with tree_policy={policy!r}" if policy else ""
+        if not do_sample and cls.sampling:
+            raise ValueError(
+                f"verifier={cls.name!r} samples from the target; with do_sample=False use verifier='greedy' "
+                "(or pass do_sample=True)."
+            )
+        if do_sample and not cls.sampling:
+            raise ValueError(
+                f"verifier={cls.name!r} is the argmax rule and is not lossless when sampling (do_sample=True); "
+                "use verifier='nss' or another sampling verifier."
+            )
+        if cls.sampling and regime not in cls.lossless_regimes:
+            valid = [n for n in VERIFIERS if regime in VERIFIERS.get(n).lossless_regimes and VERIFIERS.get(n).sampling]
+            raise ValueError(
+                f"verifier={cls.name!r} is not lossless for the {regime!r} drafting regime{where} "
+                f"(it is lossless for: {', '.join(sorted(cls.lossless_regimes))}). "
+                f"Verifiers lossless here: {', '.join(valid)}."
+            )
+        if cls.chain_only and not is_chain:
+            raise ValueError(f"verifier={cls.name!r} verifies a single chain only; use tree_policy='chain' or k=1.")
+
+
+def target_probs(target_logits: torch.Tensor) -> torch.Tensor:
+    """Softmax in float32 of processed logits (-inf entries from top-k / top-p become exact zeros)."""
+    return torch.softmax(target_logits.float(), dim=-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
+    """One draw from a 1-D probability vector."""
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """norm((p - q)+); falls back to p when the residual is empty (p == q), where it is never sampled anyway."""
+    r = (p - q).clamp(min=0)
+    total = r.sum()
+    return r / total if total > 0 else p

@@ -1,0 +1,33 @@
+"""T=0 verification: follow the child whose token is the target argmax. Lossless for any tree."""
+
+from __future__ import annotations
+
+import torch
+
+from ..tree import DraftTree, Regime
+from .base import VERIFIERS, Verifier, VerifyResult
+
+
+def deepest_matching_path(tree: DraftTree, choice: torch.Tensor) -> torch.Tensor:
+    """Accepted path when the target picks ``choice[v]`` after node v: vectorised over nodes, loop over depth only."""
+    matched = torch.zeros(tree.num_nodes, dtype=torch.bool, device=tree.device)
+    matched[0] = True
+    parents = tree.parents.clamp(min=0)
+    token_ok = tree.tokens == choice[parents]
+    for d in range(1, tree.max_depth + 1):
+        level = tree.depth == d
+        matched = torch.where(level, token_ok & matched[parents], matched)
+    # deepest matched node; siblings of a deterministic tree are distinct, so the matched set is one path
+    deepest = int(torch.where(matched, tree.depth, -1).argmax())
+    return tree.path_to(deepest)
+
+
+@VERIFIERS.register("greedy")
+class GreedyVerifier(Verifier):
+    lossless_regimes = frozenset(Regime.ALL)
+    sampling = False
+
+    def verify(self, tree, target_logits, generator=None) -> VerifyResult:
+        choice = target_logits.argmax(dim=-1)
+        accepted = deepest_matching_path(tree, choice)
+        return VerifyResult(accepted=accepted, next_token=int(choice[accepted[-1]]))
