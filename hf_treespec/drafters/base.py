@@ -30,8 +30,9 @@ class Drafter(ABC):
     of ``expand(tree, nodes)`` calls and one ``commit(tree, accepted)``.
     """
 
-    #: the assistant model classes this adapter handles; checked in registration order
     model: torch.nn.Module
+    #: target layers whose hidden states the drafter consumes (-1 = pre-norm last layer); None = tokens only
+    target_layers: tuple[int, ...] | None = None
 
     @classmethod
     @abstractmethod

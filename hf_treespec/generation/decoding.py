@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -11,7 +12,8 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..attention import check_tree_attention
 from ..cache import TreeKV
-from ..drafters.base import Drafter, as_drafter
+from ..drafters.base import Drafter, TargetFeatures, as_drafter
+from ..features import capture_hidden_states
 from ..policies import POLICIES, TreePolicy
 from ..tree import DraftTree
 from ..verifiers import VERIFIERS, Verifier
@@ -122,19 +124,22 @@ def tree_speculative_decoding(
 
     # prefill: the target's first token, chosen exactly as plain generate chooses it
     prompt_len = input_ids.shape[1]
-    out = model(
-        input_ids=input_ids,
-        position_ids=torch.arange(prompt_len, device=device)[None],
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    )
+    layers = drafter.target_layers
+    capture = (lambda: capture_hidden_states(model, layers)) if layers else (lambda: nullcontext(None))
+    with capture() as states:
+        out = model(
+            input_ids=input_ids,
+            position_ids=torch.arange(prompt_len, device=device)[None],
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
     target_kv.committed = prompt_len
     logits = out.logits[:, -1].float()
     processed = logits_processor(input_ids, logits)
     first = torch.multinomial(processed.softmax(-1), 1)[0] if do_sample else processed.argmax(-1)
     t0 = time.perf_counter()
-    drafter.start(input_ids[0])
+    drafter.start(input_ids[0], TargetFeatures(states.hidden_states[0]) if states else None)
     draft_seconds = time.perf_counter() - t0
     verify_seconds = 0.0
     accepted_lengths: list[int] = []
@@ -171,10 +176,11 @@ def tree_speculative_decoding(
         t1 = time.perf_counter()
         nodes = torch.arange(tree.num_nodes, device=device)
         ids, positions, mask4d = target_kv.inputs_for(tree, nodes, model.dtype)
-        out = model(
-            input_ids=ids.to(device), position_ids=positions.to(device), attention_mask=mask4d.to(device),
-            past_key_values=cache, use_cache=True,
-        )
+        with capture() as states:
+            out = model(
+                input_ids=ids.to(device), position_ids=positions.to(device), attention_mask=mask4d.to(device),
+                past_key_values=cache, use_cache=True,
+            )
         target_kv.fed(tree, nodes)
         raw = out.logits[0].float()
         processed = process_tree_logits(logits_processor, input_ids, tree, nodes, raw)
@@ -189,7 +195,7 @@ def tree_speculative_decoding(
         accepted_lengths.append(int(new_tokens.numel()))
         tree_sizes.append(tree.num_nodes - 1)
         target_kv.commit(tree, accepted)
-        drafter.commit(tree, accepted)
+        drafter.commit(tree, accepted, TargetFeatures(states.hidden_states[0, accepted]) if states else None)
         finished = emit(new_tokens, processed[accepted], raw[accepted])
 
     if streamer is not None:
