@@ -35,6 +35,9 @@ class DraftTree:
         draft_probs: optional ``[m, V]`` table of warped draft distributions q(. | node) for expanded nodes.
         q_index: ``[n]`` row of ``draft_probs`` holding q(. | node), -1 where the node was not expanded.
         uids: ``[n]`` identity of each node that survives ``select`` (caches map uids, not indices, to KV rows).
+        counts: optional ``[n]`` multiplicity of each node in its parent's child list: the number of i.i.d. draft
+            draws at the parent that produced this token (i.i.d. trees merge equal draws into one node, so verifiers
+            see children "with multiplicity" without duplicate rows in the target forward). None means all ones.
     """
 
     tokens: torch.Tensor
@@ -46,6 +49,7 @@ class DraftTree:
     q_index: torch.Tensor | None = None
     uids: torch.Tensor | None = None
     next_uid: int = 1
+    counts: torch.Tensor | None = None
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -67,10 +71,21 @@ class DraftTree:
             uids=zeros.clone(),
         )
 
-    def add_children(self, parents: torch.Tensor, tokens: torch.Tensor, logprobs: torch.Tensor) -> "DraftTree":
-        """Returns a new tree with children appended; ``logprobs`` is the child's own draft log-prob (not cumulative)."""
+    def add_children(
+        self, parents: torch.Tensor, tokens: torch.Tensor, logprobs: torch.Tensor, counts: torch.Tensor | None = None
+    ) -> "DraftTree":
+        """Returns a new tree with children appended; ``logprobs`` is the child's own draft log-prob (not cumulative).
+
+        ``counts`` (optional) is each child's multiplicity in its parent's child list (see the class docstring).
+        """
         parents = parents.long()
         count = int(parents.numel())
+        if counts is None and self.counts is None:
+            new_counts = None
+        else:
+            old = self.counts if self.counts is not None else torch.ones_like(self.tokens)
+            new = counts.long().to(self.device) if counts is not None else torch.ones_like(parents)
+            new_counts = torch.cat([old, new])
         new_uids = torch.arange(self.next_uid, self.next_uid + count, device=self.device)
         return replace(
             self,
@@ -81,6 +96,7 @@ class DraftTree:
             depth=torch.cat([self.depth, self.depth[parents] + 1]),
             scores=torch.cat([self.scores, self.scores[parents] + logprobs.float()]),
             q_index=None if self.q_index is None else torch.cat([self.q_index, torch.full_like(parents, -1)]),
+            counts=new_counts,
             _cache={},
         )
 
@@ -112,6 +128,7 @@ class DraftTree:
             scores=self.scores[keep],
             q_index=None if self.q_index is None else self.q_index[keep],
             uids=self.uids[keep],
+            counts=None if self.counts is None else self.counts[keep],
             _cache={},
         )
 
@@ -174,6 +191,10 @@ class DraftTree:
     def children(self, node: int) -> torch.Tensor:
         """Indices of the children of ``node`` in sibling (draft-rank) order."""
         return (self.parents == node).nonzero().squeeze(-1)
+
+    def multiplicity(self) -> torch.Tensor:
+        """``[n]`` multiplicity of every node in its parent's child list (ones when the tree has no ``counts``)."""
+        return self.counts if self.counts is not None else torch.ones_like(self.tokens)
 
     def num_children(self) -> torch.Tensor:
         """``[n]`` number of children per node."""

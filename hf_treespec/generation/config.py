@@ -16,6 +16,9 @@ TREE_GENERATION_KWARGS: dict[str, str] = {
     "tree_topk": "k, children per expanded node (EAGLE-2 beam width)",
     "salf_batch": "B, nodes expanded per SALF / optimal iteration",
     "salf_threshold": "th, SALF stops when the popped batch's probability sum falls below it (0 = optimal search)",
+    "tree_paths": "k, number of i.i.d. draft paths ('iid', 'delayed')",
+    "delay_trunk": "l1, length of the single sampled trunk before branching ('delayed')",
+    "delay_branch": "l2, length of each i.i.d. path after the trunk ('delayed')",
 }
 
 

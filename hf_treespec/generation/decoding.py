@@ -27,8 +27,8 @@ class TreeSpecGenerateOutput(GenerateDecoderOnlyOutput):
     """`GenerateDecoderOnlyOutput` plus what a speculative run costs and gains.
 
     Attributes:
-        accepted_lengths: tokens committed per target forward after the prefill (accepted drafts + 1), so their
-            mean is tau.
+        accepted_lengths: tokens committed per target forward after the prefill (accepted drafts + 1, fewer when a
+            stopping criterion cut the chunk), so their mean is tau.
         tree_sizes: draft nodes verified per step.
         draft_seconds / verify_seconds / total_seconds: wall-clock split (verify = target forward + verification).
     """
@@ -146,8 +146,8 @@ def tree_speculative_decoding(
     tree_sizes: list[int] = []
     draft_forwards = 0
 
-    def emit(tokens: torch.Tensor, proc_rows: torch.Tensor, raw_rows: torch.Tensor) -> bool:
-        """Appends tokens one by one, honouring every stopping criterion inside the chunk; True when done."""
+    def emit(tokens: torch.Tensor, proc_rows: torch.Tensor, raw_rows: torch.Tensor) -> tuple[bool, int]:
+        """Appends tokens one by one, honouring every stopping criterion inside the chunk; (done, count)."""
         nonlocal input_ids, scores, raw_logits
         done = False
         count = 0
@@ -163,9 +163,9 @@ def tree_speculative_decoding(
                 break
         if streamer is not None:
             streamer.put(input_ids[:, -count:].cpu())
-        return done
+        return done, count
 
-    finished = emit(first.view(1), processed, logits)
+    finished, _ = emit(first.view(1), processed, logits)
     while not finished:
         root = int(input_ids[0, -1])
         source = WarpedDraftSource(drafter, logits_processor, input_ids)
@@ -192,11 +192,11 @@ def tree_speculative_decoding(
         draft_forwards += source.num_forwards
         accepted = result.accepted
         new_tokens = torch.cat([tree.tokens[accepted[1:]], torch.tensor([result.next_token], device=tree.device)])
-        accepted_lengths.append(int(new_tokens.numel()))
         tree_sizes.append(tree.num_nodes - 1)
         target_kv.commit(tree, accepted)
         drafter.commit(tree, accepted, TargetFeatures(states.hidden_states[0, accepted]) if states else None)
-        finished = emit(new_tokens, processed[accepted], raw[accepted])
+        finished, count = emit(new_tokens, processed[accepted], raw[accepted])
+        accepted_lengths.append(count)
 
     if streamer is not None:
         streamer.end()

@@ -1,6 +1,8 @@
 """Verifiers, registered by name in `VERIFIERS` (ALGORITHMS.md sections 1-6)."""
 
 from .base import VERIFIERS, Verifier, VerifyResult
-from . import chain, greedy, nss  # noqa: F401  (registration)
+from . import (  # noqa: F401  (registration)
+    block, chain, greedy, khisti, naivetree, nss, specinfer, spectr, swor, traversal,
+)
 
 __all__ = ["VERIFIERS", "Verifier", "VerifyResult"]

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..randomness import Randomness, categorical
 from ..registry import Registry
 from ..tree import DraftTree, Regime
 
@@ -44,10 +45,11 @@ class Verifier(ABC):
     needs_draft_probs: bool = False
 
     @abstractmethod
-    def verify(
-        self, tree: DraftTree, target_logits: torch.Tensor, generator: torch.Generator | None = None
-    ) -> VerifyResult:
-        """``target_logits``: ``[n, V]`` processed (warped) target logits at every tree node, float32."""
+    def verify(self, tree: DraftTree, target_logits: torch.Tensor, generator: Randomness = None) -> VerifyResult:
+        """``target_logits``: ``[n, V]`` processed (warped) target logits at every tree node, float32.
+
+        ``generator``: a ``torch.Generator`` or a `~hf_treespec.randomness.RandomSource` (every random choice goes
+        through `hf_treespec.randomness`, so the exact-enumeration tests can integrate it out)."""
 
     # --------------------------------------------------------------------------------------------- compatibility
     @classmethod
@@ -76,13 +78,14 @@ class Verifier(ABC):
 
 
 def target_probs(target_logits: torch.Tensor) -> torch.Tensor:
-    """Softmax in float32 of processed logits (-inf entries from top-k / top-p become exact zeros)."""
-    return torch.softmax(target_logits.float(), dim=-1)
+    """Softmax in float32 (float64 kept, for exact tests) of processed logits (-inf entries become exact zeros)."""
+    logits = target_logits if target_logits.dtype == torch.float64 else target_logits.float()
+    return torch.softmax(logits, dim=-1)
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
-    """One draw from a 1-D probability vector."""
-    return int(torch.multinomial(probs, 1, generator=generator))
+def sample(probs: torch.Tensor, generator: Randomness = None) -> int:
+    """One draw from a 1-D probability vector (``generator``: a torch.Generator or a `RandomSource`)."""
+    return categorical(probs, generator)
 
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..randomness import bernoulli
 from ..tree import Regime
 from .base import VERIFIERS, Verifier, VerifyResult, residual, sample, target_probs
 
@@ -26,8 +27,7 @@ class NaiveChainVerifier(Verifier):
             child = int(kids[0])
             q = tree.draft_q(node)
             x = int(tree.tokens[child])
-            r = torch.rand((), generator=generator, device=probs.device)
-            if float(r) * float(q[x]) <= float(probs[node, x]):
+            if bool(bernoulli((probs[node, x] / q[x]).clamp(max=1), generator)):
                 node = child
                 path.append(node)
                 continue

@@ -1,0 +1,518 @@
+"""Runs every benchmark method on every question under identical conditions (Spec-Bench conventions).
+
+Fairness rules, each for a reason:
+- one dtype and one ``torch.set_num_threads`` for every method, so ratios compare algorithms, not settings;
+- methods interleaved per question and per repeat (their order rotated per question), so machine drift — other
+  processes, thermal state — spreads over all methods instead of landing on whichever ran last;
+- a warm-up generate per method before timing, so one-time costs (kernel selection, allocations) are not measured;
+- the median over ``repeats`` per (method, question) against outliers;
+- target forwards counted by one forward hook on the target for every method alike (prefill = one forward), so tau
+  means the same thing for plain generate, transformers' assisted generation and tree speculation.
+
+The model, tokenizer, drafter and questions can be injected (tests, notebooks); otherwise they are loaded from the
+names in :class:`BenchmarkConfig`.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+from tqdm.auto import tqdm
+
+from ..drafters import truncated
+from ..generation import enable
+from .methods import (
+    BenchMethod,
+    Override,
+    PlainGenerate,
+    RunOutput,
+    TreeMethod,
+    available_methods,
+    build_method,
+    check_overrides,
+    overrides_for,
+)
+
+DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+BASELINE = "plain"
+WARMUP_TOKENS = 8
+
+
+def _mtbench(limit: int | None):
+    from ..assets import load_questions
+
+    return load_questions(None, limit)
+
+
+def _sharegpt_dev(limit: int | None):
+    from ..assets import sharegpt_prompts
+
+    return sharegpt_prompts("dev", limit)
+
+
+#: --dataset name -> loader(limit) of question lists
+DATASETS: dict[str, Callable[[int | None], list]] = {"mtbench": _mtbench, "sharegpt-dev": _sharegpt_dev}
+#: --drafter "<kind>:<arg>" -> factory(target, arg); anything else is a checkpoint path or hub id
+DRAFTER_FACTORIES: dict[str, Callable[[torch.nn.Module, str], torch.nn.Module]] = {
+    "truncated": lambda model, arg: truncated(model, int(arg)),
+}
+
+
+@dataclass
+class BenchmarkConfig:
+    """What to measure. ``methods=None`` runs every available method, skipping (with the reason recorded) those that
+    cannot run here; methods named explicitly must run or the benchmark fails."""
+
+    model: str = "smollm2-135m-instruct"
+    drafter: str | None = "truncated:6"
+    dtype: str = "bf16"
+    threads: int = 2
+    questions: str | None = None
+    dataset: str = "mtbench"
+    num_questions: int | None = None
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float | None = None
+    top_k: int | None = None
+    methods: list[str] | None = None
+    overrides: list[Override] = field(default_factory=list)
+    sweep: tuple[str, list[Any]] | None = None
+    repeats: int = 1
+    seed: int = 0
+    progress: bool = True
+
+    def validate(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}.")
+        if self.dataset not in DATASETS:
+            raise ValueError(f"dataset must be one of {', '.join(DATASETS)}, got {self.dataset!r}.")
+        for name, value, low in (("threads", self.threads, 1), ("max_new_tokens", self.max_new_tokens, 1),
+                                 ("repeats", self.repeats, 1)):
+            if value < low:
+                raise ValueError(f"{name} must be >= {low}, got {value}.")
+        if self.num_questions is not None and self.num_questions < 1:
+            raise ValueError(f"num_questions must be >= 1, got {self.num_questions}.")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}.")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class QuestionResult:
+    """One (method, question): median wall time over repeats and the statistics of that median run."""
+
+    method: str
+    question_id: int | str
+    category: str
+    prompt_tokens: int
+    new_tokens: int
+    seconds: float
+    all_seconds: list[float]
+    target_forwards: int
+    tau: float
+    draft_seconds: float | None = None
+    verify_seconds: float | None = None
+    draft_forwards: int | None = None
+    mean_tree_size: float | None = None
+    identical: bool | None = None
+    divergence: dict[str, Any] | None = None
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""
+
+
+@dataclass
+class MethodSummary:
+    """Totals of one method over all questions; ratios against plain generate measured in the same run."""
+
+    method: str
+    base_method: str
+    sweep_value: Any
+    questions: int
+    new_tokens: int
+    seconds: float
+    tokens_per_s: float
+    speedup: float | None
+    tau: float
+    draft_seconds: float | None
+    verify_seconds: float | None
+    other_seconds: float | None
+    mean_tree_size: float | None
+    identical: int | None
+    compared: int | None
+    divergences: list[dict[str, Any]]
+
+
+@dataclass
+class BenchmarkResult:
+    settings: dict[str, Any]
+    methods: list[str]
+    records: list[QuestionResult]
+    skipped: dict[str, str]
+    sweep: tuple[str, list[Any]] | None = None
+    sweep_methods: dict[str, tuple[str, Any]] = field(default_factory=dict)  # variant name -> (base method, value)
+
+    def summaries(self) -> list[MethodSummary]:
+        """One summary per method, in run order (sweep variants included)."""
+        baseline = self._totals(BASELINE)
+        return [self._summary(name, baseline) for name in self.methods]
+
+    def _totals(self, method: str) -> tuple[int, float]:
+        rows = [r for r in self.records if r.method == method]
+        return sum(r.new_tokens for r in rows), sum(r.seconds for r in rows)
+
+    def _summary(self, name: str, baseline: tuple[int, float]) -> MethodSummary:
+        rows = [r for r in self.records if r.method == name]
+        tokens, seconds = self._totals(name)
+        rate = tokens / seconds if seconds > 0 else float("nan")
+        base_rate = baseline[0] / baseline[1] if baseline[1] > 0 else None
+        forwards = sum(r.target_forwards for r in rows)
+        timed = [r for r in rows if r.draft_seconds is not None]
+        draft = sum(r.draft_seconds for r in timed) if timed else None
+        verify = sum(r.verify_seconds for r in timed) if timed else None
+        sizes = [r.mean_tree_size for r in rows if r.mean_tree_size is not None]
+        compared = [r for r in rows if r.identical is not None]
+        base, value = self.sweep_methods.get(name, (name, None))
+        return MethodSummary(
+            method=name,
+            base_method=base,
+            sweep_value=value,
+            questions=len(rows),
+            new_tokens=tokens,
+            seconds=seconds,
+            tokens_per_s=rate,
+            speedup=rate / base_rate if base_rate else None,
+            tau=tokens / forwards if forwards else float("nan"),
+            draft_seconds=draft,
+            verify_seconds=verify,
+            other_seconds=seconds - draft - verify if timed else None,
+            mean_tree_size=statistics.fmean(sizes) if sizes else None,
+            identical=sum(r.identical for r in compared) if compared else None,
+            compared=len(compared) if compared else None,
+            divergences=[{"question_id": r.question_id, **r.divergence} for r in rows if r.divergence],
+        )
+
+    def save(self, out: str | os.PathLike) -> Path:
+        """Writes per-question JSONL, summary JSON, table.md and plots under ``out``; returns the folder."""
+        from .report import write_report
+
+        return write_report(self, out)
+
+
+class ForwardCounter:
+    """Counts calls of the target's top-level forward with a hook that exists only inside ``with``."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.count = 0
+        self._handle = None
+
+    def _hook(self, module, args, output) -> None:
+        self.count += 1
+
+    def __enter__(self) -> "ForwardCounter":
+        self._handle = self.model.register_forward_hook(self._hook)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._handle.remove()
+        self._handle = None
+
+
+@contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def load_model(name_or_path: str, dtype: str) -> tuple[torch.nn.Module, Any]:
+    """The target (tree speculation enabled) and its tokenizer: a short asset name, a checkpoint folder or hub id."""
+    from ..assets import load_target
+
+    model, tokenizer = load_target(name_or_path, dtype=DTYPES[dtype])
+    return enable(model), tokenizer
+
+
+def load_drafter(spec: str, model: torch.nn.Module, dtype: str) -> torch.nn.Module:
+    """``truncated:k`` (the target's first k layers, no copy), or a checkpoint path / hub id.
+
+    A checkpoint whose config is a causal LM loads with ``AutoModelForCausalLM`` (``AutoModel`` would drop its LM
+    head); anything else, e.g. a TreeSpec feature drafter registered with ``AutoModel``, loads with ``AutoModel``.
+    """
+    kind, sep, arg = spec.partition(":")
+    if sep and kind in DRAFTER_FACTORIES:
+        try:
+            return DRAFTER_FACTORIES[kind](model, arg)
+        except ValueError as error:
+            raise ValueError(f"--drafter {spec!r}: {error}") from error
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    config = AutoConfig.from_pretrained(spec)
+    loader = AutoModelForCausalLM if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING else AutoModel
+    return loader.from_pretrained(spec, dtype=DTYPES[dtype]).to(model.device).eval()
+
+
+def load_benchmark_questions(config: BenchmarkConfig) -> list:
+    if config.questions is not None:
+        from ..assets import load_questions
+
+        return load_questions(config.questions, config.num_questions)
+    return DATASETS[config.dataset](config.num_questions)
+
+
+def build_prompt(tokenizer, question) -> torch.Tensor:
+    """First turn as a chat prompt ending with the assistant header, ``[1, L]``."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError(
+            f"{type(tokenizer).__name__} has no chat template; the benchmark prompts instruct models through "
+            "apply_chat_template. Use an instruct model's tokenizer or set tokenizer.chat_template."
+        )
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": question.turns[0]}], add_generation_prompt=True, tokenize=False
+    )
+    ids = tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
+    if ids.shape[1] == 0:
+        raise ValueError(f"question {question.question_id!r} tokenises to an empty prompt.")
+    return ids
+
+
+def plan_methods(config: BenchmarkConfig) -> tuple[list[BenchMethod], dict[str, tuple[str, Any]]]:
+    """Methods to run (plain first: every ratio needs it), then one variant per sweep value of each tree method that
+    takes the swept key."""
+    names = list(config.methods) if config.methods is not None else available_methods()
+    names = [BASELINE] + [n for n in dict.fromkeys(names) if n != BASELINE]
+    check_overrides(config.overrides, names)
+    methods = []
+    for name in names:
+        method = build_method(name)
+        method.overrides = overrides_for(method, config.overrides)
+        methods.append(method)
+    variants: dict[str, tuple[str, Any]] = {}
+    if config.sweep is not None:
+        key, values = config.sweep
+        swept = [m for m in methods if isinstance(m, TreeMethod) and m.accepts(key)]
+        if not swept:
+            raise ValueError(f"--sweep {key}: no tree method in this run takes {key!r}.")
+        for value in values:
+            for base in swept:
+                variant = build_method(base.base_name, overrides_for(base, config.overrides), sweep=(key, value))
+                methods.append(variant)
+                variants[variant.name] = (base.base_name, value)
+    return methods, variants
+
+
+def shared_generate_kwargs(config: BenchmarkConfig, model, tokenizer) -> dict[str, Any]:
+    """Settings every method gets alike: length, sampling, padding id."""
+    kwargs: dict[str, Any] = {"max_new_tokens": config.max_new_tokens}
+    if config.greedy:
+        kwargs["do_sample"] = False
+    else:
+        kwargs.update(do_sample=True, temperature=config.temperature, top_p=config.top_p if config.top_p else 1.0,
+                      top_k=config.top_k or 0)
+    if model.generation_config.pad_token_id is None:
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        if pad is not None:
+            kwargs["pad_token_id"] = pad
+    return kwargs
+
+
+def run_benchmark(
+    config: BenchmarkConfig,
+    *,
+    model: torch.nn.Module | None = None,
+    tokenizer: Any = None,
+    drafter: torch.nn.Module | None = None,
+    questions: list | None = None,
+) -> BenchmarkResult:
+    """Runs the benchmark described by ``config``; injected objects replace the ones named in it."""
+    config.validate()
+    labels = {"model": config.model, "drafter": config.drafter}
+    if model is None:
+        model, tokenizer = load_model(config.model, config.dtype)
+    elif tokenizer is None:
+        raise ValueError("pass the tokenizer with an injected model (the prompts use its chat template).")
+    else:
+        model = enable(model)
+        labels["model"] = getattr(model, "name_or_path", "") or "(injected)"
+    model.eval()
+    if drafter is None and config.drafter:
+        drafter = load_drafter(config.drafter, model, config.dtype)
+    elif drafter is not None:
+        labels["drafter"] = getattr(drafter, "name_or_path", "") or "(injected)"
+    if drafter is model:
+        raise ValueError("the drafter must be a separate module from the target (target forwards are counted).")
+    questions = questions if questions is not None else load_benchmark_questions(config)
+    if not questions:
+        raise ValueError("no questions to run.")
+    prompts = [build_prompt(tokenizer, q).to(model.device) for q in questions]
+    methods, variants = plan_methods(config)
+    gen_kwargs = shared_generate_kwargs(config, model, tokenizer)
+
+    with torch_threads(config.threads), ForwardCounter(model) as counter:
+        methods, skipped = _warm_up(config, methods, model, drafter, prompts[0], gen_kwargs)
+        runs = _timed_runs(config, methods, model, drafter, prompts, gen_kwargs, counter)
+        records = _records(config, methods, questions, prompts, runs, model, tokenizer, gen_kwargs)
+
+    return BenchmarkResult(
+        settings=_settings(config, labels, model, drafter, len(questions)),
+        methods=[m.name for m in methods],
+        records=records,
+        skipped=skipped,
+        sweep=config.sweep,
+        sweep_methods={k: v for k, v in variants.items() if k in {m.name for m in methods}},
+    )
+
+
+def _warm_up(config, methods, model, drafter, prompt, gen_kwargs) -> tuple[list[BenchMethod], dict[str, str]]:
+    """One short untimed generate per method; with the default method list, inapplicable methods are skipped."""
+    kept, skipped = [], {}
+    for method in methods:
+        try:
+            method.check(model, drafter)
+            torch.manual_seed(config.seed)
+            method.run(model, prompt, drafter, **{**gen_kwargs, "max_new_tokens": min(WARMUP_TOKENS,
+                                                                                       config.max_new_tokens)})
+        except ValueError as error:
+            if config.methods is not None or method.sweep is not None or isinstance(method, PlainGenerate):
+                raise ValueError(f"benchmark method {method.name!r} cannot run: {error}") from error
+            skipped[method.name] = str(error)
+            continue
+        kept.append(method)
+    return kept, skipped
+
+
+def _timed_runs(config, methods, model, drafter, prompts, gen_kwargs, counter
+                ) -> dict[tuple[str, int], list[tuple[RunOutput, int]]]:
+    """(method, question) -> [(output, target forwards)] per repeat; methods interleaved, order rotated per question."""
+    runs: dict[tuple[str, int], list[tuple[RunOutput, int]]] = {}
+    bar = tqdm(total=len(prompts) * len(methods) * config.repeats, desc="bench", unit="run",
+               disable=not config.progress)
+    try:
+        for qi, prompt in enumerate(prompts):
+            shift = qi % len(methods)
+            order = methods[shift:] + methods[:shift]
+            for _ in range(config.repeats):
+                for method in order:
+                    bar.set_postfix_str(f"q{qi} {method.name}", refresh=False)
+                    torch.manual_seed(config.seed + qi)  # same random stream for every method and repeat
+                    counter.count = 0
+                    output = method.run(model, prompt, drafter, **gen_kwargs)
+                    runs.setdefault((method.name, qi), []).append((output, counter.count))
+                    bar.update()
+    finally:
+        bar.close()
+    return runs
+
+
+def _median_run(runs: list[tuple[RunOutput, int]]) -> tuple[RunOutput, int, float]:
+    """The repeat whose time is nearest the median (its statistics stand for the method), and the median itself."""
+    median = statistics.median(o.seconds for o, _ in runs)
+    output, forwards = min(runs, key=lambda run: abs(run[0].seconds - median))
+    return output, forwards, median
+
+
+def _records(config, methods, questions, prompts, runs, model, tokenizer, gen_kwargs) -> list[QuestionResult]:
+    records = []
+    reference_logits: dict[int, torch.Tensor] = {}
+    for qi, (question, prompt) in enumerate(zip(questions, prompts)):
+        plain_tokens = _median_run(runs[(BASELINE, qi)])[0].tokens
+        for method in methods:
+            output, forwards, median = _median_run(runs[(method.name, qi)])
+            tokens = output.tokens
+            record = QuestionResult(
+                method=method.name,
+                question_id=question.question_id,
+                category=question.category,
+                prompt_tokens=int(prompt.shape[1]),
+                new_tokens=int(tokens.numel()),
+                seconds=median,
+                all_seconds=[o.seconds for o, _ in runs[(method.name, qi)]],
+                target_forwards=forwards,
+                tau=tokens.numel() / forwards if forwards else float("nan"),
+                draft_seconds=output.draft_seconds,
+                verify_seconds=output.verify_seconds,
+                draft_forwards=output.draft_forwards,
+                mean_tree_size=statistics.fmean(output.tree_sizes) if output.tree_sizes else None,
+                tokens=tokens.tolist(),
+                text=tokenizer.decode(tokens, skip_special_tokens=True),
+            )
+            if config.greedy and method.name != BASELINE:
+                record.identical = torch.equal(tokens, plain_tokens)
+                if not record.identical:
+                    if qi not in reference_logits:
+                        reference_logits[qi] = _plain_logits(model, prompt, gen_kwargs, plain_tokens)
+                    record.divergence = divergence(plain_tokens, tokens, reference_logits[qi])
+            records.append(record)
+    return records
+
+
+def _plain_logits(model, prompt, gen_kwargs, plain_tokens) -> torch.Tensor:
+    """Plain greedy generate's raw logits ``[n, V]`` (untimed; only needed where a method diverged)."""
+    out = model.generate(prompt, attention_mask=torch.ones_like(prompt), **gen_kwargs, output_logits=True,
+                         return_dict_in_generate=True)
+    tokens = out.sequences[0, prompt.shape[1]:].cpu()
+    if not torch.equal(tokens, plain_tokens):
+        raise RuntimeError("plain greedy generate is not deterministic here: two identical calls gave different tokens")
+    return torch.cat(out.logits, dim=0).float().cpu()
+
+
+def divergence(plain: torch.Tensor, other: torch.Tensor, plain_logits: torch.Tensor) -> dict[str, Any]:
+    """Where ``other`` first leaves ``plain`` and how close plain's choice was there.
+
+    ``top2_gap``: plain's top-1 minus top-2 logit at that position; ``chosen_gap``: plain's top-1 logit minus its
+    logit for the token the method emitted. Near-zero gaps mean a bf16 rounding tie, not a verification bug.
+    """
+    n = min(plain.numel(), other.numel())
+    mismatch = (plain[:n] != other[:n]).nonzero()
+    position = int(mismatch[0]) if mismatch.numel() else n
+    info: dict[str, Any] = {"position": position, "plain_token": None, "method_token": None,
+                            "top2_gap": None, "chosen_gap": None}
+    if position < plain.numel():
+        info["plain_token"] = int(plain[position])
+    if position < other.numel():
+        info["method_token"] = int(other[position])
+    if position < plain_logits.shape[0]:
+        row = plain_logits[position]
+        top = row.topk(2).values
+        info["top2_gap"] = float(top[0] - top[1])
+        if info["method_token"] is not None:
+            info["chosen_gap"] = float(top[0] - row[info["method_token"]])
+    return info
+
+
+def _settings(config: BenchmarkConfig, labels: dict[str, Any], model, drafter, num_questions: int) -> dict[str, Any]:
+    import transformers
+
+    settings = {**asdict(config), **labels}
+    settings["overrides"] = [f"{o.selector}.{o.key}={o.value}" for o in config.overrides]
+    settings["sweep"] = list(config.sweep) if config.sweep else None
+    settings.pop("progress")
+    settings.update(
+        model_class=type(model).__name__,
+        model_dtype=str(model.dtype).removeprefix("torch."),
+        drafter_class=type(drafter).__name__ if drafter is not None else None,
+        num_questions=num_questions,
+        device=str(model.device),
+        processor=platform.processor() or platform.machine(),
+        torch=torch.__version__,
+        transformers=transformers.__version__,
+        date=time.strftime("%Y-%m-%d %H:%M:%S"),
+    )
+    return settings

@@ -1,0 +1,123 @@
+"""``hf-treespec`` command line. One subcommand per job (``bench`` today); each registers its own parser and handler
+in `COMMANDS`, so adding ``train`` is one more entry."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable, Sequence
+
+#: options the --quick preset fills in when not given; tree_budget 16: a 16-node tree costs ~1.4 target steps on CPU
+QUICK_PRESET = {"num_questions": 5, "max_new_tokens": 64, "repeats": 1}
+QUICK_OVERRIDES = ("tree.tree_budget=16",)
+BENCH_DEFAULTS = {"num_questions": None, "max_new_tokens": 128, "repeats": 1}
+
+
+def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
+    from .benchmark.methods import available_methods
+    from .benchmark.runner import DATASETS, DTYPES
+
+    parser = subparsers.add_parser(
+        "bench",
+        help="measure tree speculation against plain and assisted generate",
+        description=(
+            "Runs every method on every question (first turn, chat template), interleaved, and reports tokens/s, "
+            "speedup over plain generate measured in the same run, tau (new tokens per target forward), the "
+            "draft/verify/other time split and, for greedy decoding, token identity with plain generate."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--model", default="smollm2-135m-instruct",
+                        help="target: asset short name, checkpoint folder, .gguf file or hub id")
+    parser.add_argument("--drafter", default="truncated:6",
+                        help="truncated:K (target's first K layers), a checkpoint path / hub id, or 'none'")
+    parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads for every method")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--questions", default=None, help="an MT-bench / Spec-Bench style question.jsonl")
+    source.add_argument("--dataset", default="mtbench", choices=sorted(DATASETS))
+    parser.add_argument("--num-questions", type=int, default=None, help="first N questions (default: all)")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="default 128 (64 with --quick)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples for every method")
+    parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--top-k", type=int, default=None, help="sampling only; default off")
+    parser.add_argument("--methods", default=None,
+                        help="comma list (default: all that can run): " + ", ".join(available_methods()))
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="METHOD.KEY=VALUE",
+                        help="generate kwarg for one method (salf.tree_budget=16), for every tree method whose "
+                             "policy takes it (tree.tree_budget=16) or for all (*.KEY=VALUE); repeatable")
+    parser.add_argument("--sweep", default=None, metavar="KEY=V1,V2,..",
+                        help="re-run the tree methods for each value (e.g. tree_budget=8,16,32,60): cost curve")
+    parser.add_argument("--repeats", type=int, default=None, help="timed runs per (method, question); median kept")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="bench_out", help="output folder")
+    parser.add_argument("--quick", action="store_true",
+                        help="few-minute preset: 5 questions, 64 new tokens, 1 repeat, tree_budget 16 "
+                             "(explicit options win)")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.set_defaults(handler=run_bench)
+
+
+def bench_config(args: argparse.Namespace):
+    """Namespace -> BenchmarkConfig, applying the --quick preset below explicit options."""
+    from .benchmark.methods import parse_override, parse_sweep
+    from .benchmark.runner import BenchmarkConfig
+
+    preset = QUICK_PRESET if args.quick else BENCH_DEFAULTS
+    filled = {key: getattr(args, key) if getattr(args, key) is not None else preset[key] for key in BENCH_DEFAULTS}
+    overrides = [parse_override(text) for text in ((*QUICK_OVERRIDES,) if args.quick else ()) + tuple(args.overrides)]
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
+    return BenchmarkConfig(
+        model=args.model,
+        drafter=None if args.drafter.lower() == "none" else args.drafter,
+        dtype=args.dtype,
+        threads=args.threads,
+        questions=args.questions,
+        dataset=args.dataset,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        methods=methods,
+        overrides=overrides,
+        sweep=parse_sweep(args.sweep) if args.sweep else None,
+        seed=args.seed,
+        progress=not args.no_progress,
+        **filled,
+    )
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from .benchmark.report import write_report
+    from .benchmark.runner import run_benchmark
+
+    result = run_benchmark(bench_config(args))
+    folder = write_report(result, args.out, echo=True)
+    print(f"\nwrote {folder}/ (table.md, per_question.jsonl, summary.json, plot.png"
+          f"{', sweep.png' if result.sweep else ''})")
+    return 0
+
+
+#: subcommand -> function adding its parser (which sets ``handler``)
+COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {"bench": add_bench_parser}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hf-treespec", description="Tree-based speculative decoding for transformers.")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add_parser in COMMANDS.values():
+        add_parser(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"hf-treespec {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""`FeatureDrafter`: drives a :class:`TreeSpecDrafterModel` (EAGLE-style feature drafter) inside tree speculation.
+
+Drafter stream. Position t pairs token ``x_t`` with a feature: the target's hidden state at ``t - 1`` for committed
+tokens, the drafter's own output feature at the parent for tree nodes; the tree root takes the target's hidden state of
+the last committed token. The first prompt token has no predecessor, so the stream starts at the second one (EAGLE).
+
+Bookkeeping per step (one DynamicCache laid out by :class:`~hf_treespec.cache.TreeKV`):
+
+- ``expand`` feeds the pending committed chain (with true target features) and the requested nodes in ONE forward,
+  tree attention from TreeKV's 4D mask; output features are stored per node *uid* so children find their parent's.
+- ``commit`` keeps the root's row (it was fed with its true feature) and drops every other tree row: accepted drafts
+  were fed with drafter features, so they are re-fed next step, as a causal chain in front of the next root, with the
+  TRUE target features the verification forward produced (EAGLE's re-feed).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from ..attention import check_tree_attention
+from ..cache import TreeKV
+from ..tree import DraftTree
+from .base import DRAFTER_ADAPTERS, Drafter, TargetFeatures
+from .feature import TreeSpecDrafterModel
+
+
+# `as_drafter` tries adapters in name order: this name sorts before "causal_lm", whose `accepts` would also take a
+# TreeSpecDrafterModel (it has an LM head). "Auxiliary hidden states" is what EAGLE-3 servers call target features.
+@DRAFTER_ADAPTERS.register("aux_hidden_states")
+class FeatureDrafter(Drafter):
+    """Tree drafting with a feature drafter; logits come back in the target vocabulary (-inf outside the draft's)."""
+
+    def __init__(self, model: TreeSpecDrafterModel):
+        if not model.is_attached:
+            raise ValueError(
+                "this TreeSpecDrafterModel shares the target's embeddings / LM head, which are not attached: call "
+                "drafter.tie_to_target(model) before generate."
+            )
+        check_tree_attention(model, role="drafter")
+        self.model = model
+        self.target_layers = tuple(model.config.target_layers)
+        self.kv: TreeKV | None = None
+        self._pending_raw: torch.Tensor | None = None  # raw target features of kv.pending tokens, row-aligned
+        self._root_raw: torch.Tensor | None = None  # raw target feature paired with the next tree root
+        self._root_feature: torch.Tensor | None = None  # ... projected
+        self._node_features = torch.zeros(0)  # [uid capacity, hidden] drafter output feature per expanded node
+        self._node_known = torch.zeros(0, dtype=torch.bool)
+        self._device, self._dtype = model.device, model.dtype
+
+    @classmethod
+    def accepts(cls, model) -> bool:
+        return isinstance(model, TreeSpecDrafterModel)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.config.vocab_size)
+
+    # ----------------------------------------------------------------------------------------------- helpers
+    def _raw_features(self, features: TargetFeatures | None, rows: int) -> torch.Tensor:
+        states = None if features is None else features.hidden_states
+        if states is None:
+            raise ValueError(
+                f"the feature drafter needs the target's hidden states at layers {list(self.target_layers)}; the "
+                "generate loop captures them when drafter.target_layers is set. Pass TargetFeatures(hidden_states=...) "
+                "when driving the drafter by hand."
+            )
+        if tuple(states.shape) != (rows, self.model.config.feature_size):
+            raise ValueError(
+                f"expected target hidden states of shape {(rows, self.model.config.feature_size)} (one row per "
+                f"token, layers {list(self.target_layers)} concatenated), got {tuple(states.shape)}."
+            )
+        return states.to(self._device)
+
+    def _set_root(self, raw: torch.Tensor) -> None:
+        self._root_raw = raw
+        self._root_feature = self.model.project_features(raw[None])[0]
+
+    def _reset_nodes(self) -> None:
+        self._node_known = torch.zeros(self._node_features.shape[0], dtype=torch.bool, device=self._device)
+
+    def _ensure_capacity(self, num_uids: int) -> None:
+        have = self._node_features.shape[0]
+        if have >= num_uids:
+            return
+        size = max(num_uids, 2 * have, 64)
+        grown = torch.zeros(size, self.model.config.hidden_size, dtype=self._dtype, device=self._device)
+        known = torch.zeros(size, dtype=torch.bool, device=self._device)
+        grown[:have] = self._node_features
+        known[:have] = self._node_known
+        self._node_features, self._node_known = grown, known
+
+    def _started(self) -> TreeKV:
+        if self.kv is None:
+            raise RuntimeError("FeatureDrafter.start(prefix_ids, features) must run before expand / commit.")
+        return self.kv
+
+    # ------------------------------------------------------------------------------------------- life cycle
+    @torch.no_grad()
+    def start(self, prefix_ids: torch.Tensor, features: TargetFeatures | None = None) -> None:
+        self._device, self._dtype = self.model.device, self.model.dtype  # read once per generation (cheap after)
+        raw = self._raw_features(features, int(prefix_ids.numel()))
+        self.kv = TreeKV(DynamicCache(config=self.model.config))
+        self.kv.pending = prefix_ids[1:].long().cpu()
+        self._pending_raw = raw[:-1]
+        self._set_root(raw[-1])
+        self._node_features = torch.zeros(0, self.model.config.hidden_size, dtype=self._dtype, device=self._device)
+        self._reset_nodes()
+
+    @torch.no_grad()
+    def expand(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
+        kv = self._started()
+        device = self._device
+        ids, positions, mask = kv.inputs_for(tree, nodes, self._dtype)
+        nodes = nodes.to(tree.device)
+        num_pending, num_nodes = int(kv.pending.numel()), int(nodes.numel())
+        parents = tree.parents[nodes]
+        is_root = (parents < 0).to(device)
+        parent_uids = tree.uids[parents.clamp(min=0)].to(device)
+        self._ensure_capacity(tree.next_uid)
+        if not bool((self._node_known[parent_uids] | is_root).all()):
+            raise RuntimeError("expand: every node's parent must have been expanded earlier (its output feature is "
+                               "the node's input).")
+        node_features = torch.where(is_root[:, None], self._root_feature, self._node_features[parent_uids])
+        if num_pending:
+            node_features = torch.cat([self.model.project_features(self._pending_raw), node_features])
+        out = self.model(
+            input_ids=ids.to(device),
+            features=node_features[None],
+            position_ids=positions.to(device),
+            attention_mask=mask.to(device),
+            past_key_values=kv.cache,
+            use_cache=True,
+            logits_to_keep=num_nodes,
+        )
+        kv.fed(tree, nodes)
+        self._pending_raw = self._pending_raw[:0]
+        node_uids = tree.uids[nodes].to(device)
+        self._node_features[node_uids] = out.hidden_states[0, num_pending:]
+        self._node_known[node_uids] = True
+        return self.model.target_logits(out.logits[0].float())
+
+    @torch.no_grad()
+    def commit(self, tree: DraftTree, accepted: torch.Tensor, features: TargetFeatures | None = None) -> None:
+        kv = self._started()
+        raw = self._raw_features(features, int(accepted.numel()))
+        pending_before = int(kv.pending.numel())
+        kv.commit(tree, accepted[:1])  # keeps the root's row when it was fed: its input feature was the true one
+        chain = [self._pending_raw]
+        if int(kv.pending.numel()) > pending_before:  # root never fed: it joins the pending chain
+            chain.append(self._root_raw[None])
+        kv.pending = torch.cat([kv.pending, tree.tokens[accepted[1:]].cpu()])
+        self._pending_raw = torch.cat([*chain, raw[:-1]])  # accepted[i + 1] pairs with the target state at accepted[i]
+        self._set_root(raw[-1])
+        self._reset_nodes()

@@ -1,0 +1,99 @@
+"""Sampled i.i.d. draft trees: k paths drawn with replacement from q (SpecInfer / SpecTr), and delayed expansion.
+
+Equal draws are merged: a node's children are the distinct tokens its paths drew, each with its multiplicity in
+``DraftTree.counts``, so the target forward holds no duplicate rows and the verifiers see "children with
+multiplicity" (the delayed-expansion paper's definition). Every level is one batched draft call, and every
+expanded node records q(. | node) for the verifier.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+
+import torch
+
+from ..randomness import Randomness, multinomial_counts
+from ..tree import DraftTree, Regime
+from .base import POLICIES, DraftSource, TreePolicy
+
+
+def add_iid_children(
+    tree: DraftTree, nodes: torch.Tensor, probs: torch.Tensor, draws: torch.Tensor, generator: Randomness = None
+) -> tuple[DraftTree, torch.Tensor]:
+    """Node ``nodes[i]`` draws ``draws[i]`` tokens i.i.d. from ``probs[i]``; equal draws become one child with their
+    count. Returns the tree and the new nodes (ordered by parent, then token)."""
+    counts = multinomial_counts(probs, draws, generator)
+    row, token = counts.nonzero(as_tuple=True)
+    start = tree.num_nodes
+    tree = tree.add_children(nodes[row], token, probs[row, token].log(), counts=counts[row, token])
+    return tree, torch.arange(start, tree.num_nodes, device=tree.device)
+
+
+def grow_iid(
+    tree: DraftTree, source: DraftSource, frontier: torch.Tensor, draws: torch.Tensor, levels: int, record: bool,
+    generator: Randomness = None,
+) -> tuple[DraftTree, torch.Tensor]:
+    """Extends ``draws[i]`` i.i.d. paths from each ``frontier[i]`` by ``levels`` tokens, one draft call per level."""
+    for _ in range(levels):
+        probs = source.logprobs(tree, frontier).exp()
+        if record:
+            tree = tree.record_draft_probs(frontier, probs)
+        tree, frontier = add_iid_children(tree, frontier, probs, draws, generator)
+        draws = tree.counts[frontier]
+    return tree, frontier
+
+
+class _SampledPathsPolicy(TreePolicy):
+    """Shared by ``iid`` and ``delayed``: a trunk of ``trunk`` tokens, then ``paths`` i.i.d. paths of ``branch``."""
+
+    regime = Regime.IID
+    default_verifier = "specinfer"
+
+    @abstractmethod
+    def shape(self) -> tuple[int, int, int]:
+        """(trunk length, number of paths, path length after the trunk)."""
+
+    def validate(self) -> None:
+        super().validate()
+        for key in ("tree_paths", "delay_branch"):
+            if key in self.params and int(self.params[key]) < 1:
+                raise ValueError(f"{key} must be >= 1, got {self.params[key]}.")
+        if "delay_trunk" in self.params and int(self.params["delay_trunk"]) < 0:
+            raise ValueError(f"delay_trunk must be >= 0, got {self.params['delay_trunk']}.")
+
+    @property
+    def is_chain(self) -> bool:
+        return self.shape()[1] == 1
+
+    def build(
+        self, source: DraftSource, root_token: int, device: torch.device, generator: Randomness = None
+    ) -> DraftTree:
+        """``generator``: where the draws come from (torch's global RNG when None; a RandomSource in exact tests).
+        With do_sample=False the tree is still sampled (greedy verification is lossless for any tree)."""
+        trunk, paths, branch = self.shape()
+        tree = DraftTree.root(root_token, device=device, regime=self.regime)
+        one = torch.ones(1, dtype=torch.long, device=device)
+        tree, tip = grow_iid(tree, source, one - 1, one, trunk, self.do_sample, generator)
+        tree, _ = grow_iid(tree, source, tip, one * paths, branch, self.do_sample, generator)
+        return tree
+
+
+@POLICIES.register("iid")
+class IIDPolicy(_SampledPathsPolicy):
+    """k = ``tree_paths`` paths of l = ``tree_depth`` tokens sampled from q with replacement (at most k*l nodes)."""
+
+    defaults = {"tree_paths": 4, "tree_depth": 4}
+
+    def shape(self) -> tuple[int, int, int]:
+        return 0, int(self.params["tree_paths"]), int(self.params["tree_depth"])
+
+
+@POLICIES.register("delayed")
+class DelayedPolicy(_SampledPathsPolicy):
+    """Delayed expansion: one sampled trunk of l1 = ``delay_trunk`` tokens, then k = ``tree_paths`` i.i.d. paths of
+    l2 = ``delay_branch`` tokens from its tip, so the branching happens where draft and target diverge more."""
+
+    defaults = {"delay_trunk": 2, "tree_paths": 4, "delay_branch": 3}
+
+    def shape(self) -> tuple[int, int, int]:
+        return int(self.params["delay_trunk"]), int(self.params["tree_paths"]), int(self.params["delay_branch"])

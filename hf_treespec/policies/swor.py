@@ -1,0 +1,50 @@
+"""Sampled tree whose siblings are drawn without replacement from q (Sequoia / EAGLE-1 style sampling)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..randomness import Randomness, without_replacement
+from ..tree import DraftTree, Regime
+from .base import POLICIES, DraftSource, TreePolicy
+
+
+@POLICIES.register("swor")
+class SWORPolicy(TreePolicy):
+    """Every expanded node gets k = ``tree_topk`` children drawn without replacement from q (Gumbel-top-k, kept in
+    sampling order, which the ``swor`` verifier relies on); at each of l = ``tree_depth`` levels the k new nodes with
+    the highest cumulative draft log-prob are expanded next (at most k + (l - 1) k^2 nodes, one draft call per level).
+
+    Choosing which nodes to expand from tokens already drawn keeps the top-down verifiers (``swor``, ``nss``) lossless:
+    a node's children are still a fresh sample given everything above them.
+    """
+
+    defaults = {"tree_topk": 4, "tree_depth": 5}
+    regime = Regime.SWOR
+    default_verifier = "swor"
+
+    @property
+    def is_chain(self) -> bool:
+        return int(self.params["tree_topk"]) == 1
+
+    def build(
+        self, source: DraftSource, root_token: int, device: torch.device, generator: Randomness = None
+    ) -> DraftTree:
+        """``generator``: where the draws come from (torch's global RNG when None; a RandomSource in exact tests)."""
+        k, depth = int(self.params["tree_topk"]), int(self.params["tree_depth"])
+        tree = DraftTree.root(root_token, device=device, regime=self.regime)
+        frontier = torch.zeros(1, dtype=torch.long, device=device)
+        for level in range(depth):
+            logq = source.logprobs(tree, frontier)
+            probs = logq.exp()
+            if self.do_sample:
+                tree = tree.record_draft_probs(frontier, probs)
+            tokens, valid = without_replacement(probs, k, generator)
+            rows = torch.arange(frontier.numel(), device=device)[:, None].expand_as(tokens)[valid]
+            tokens = tokens[valid]
+            start = tree.num_nodes
+            tree = tree.add_children(frontier[rows], tokens, logq[rows, tokens])
+            if level + 1 < depth:
+                new = torch.arange(start, tree.num_nodes, device=device)
+                frontier = new[tree.scores[new].topk(min(k, new.numel())).indices.sort().values]
+        return tree

@@ -1,0 +1,76 @@
+"""Tiny random-weight models shared by the unit tests (fast: a few ms per forward)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+import hf_treespec
+
+VOCAB = 64
+
+# Tiny models are dispatch-bound: one thread avoids thread-pool overhead (and contention on 2-core CI machines).
+torch.set_num_threads(1)
+
+
+def tiny_llama(seed: int = 0, layers: int = 4, sharpen: float = 12.0) -> LlamaForCausalLM:
+    """A 4-layer random Llama; the LM head is scaled so distributions are peaked like a real LM's."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=1024, bos_token_id=None, eos_token_id=None,
+        pad_token_id=None, tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(sharpen)
+    return model
+
+
+def perturbed_copy(model: LlamaForCausalLM, scale: float = 0.3, seed: int = 1) -> LlamaForCausalLM:
+    """A drafter close to the target: accepts often, but not always along the draft's top-1 branch."""
+    drafter = copy.deepcopy(model)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in drafter.parameters():
+            p.add_(torch.randn_like(p) * scale * p.std())
+    return drafter
+
+
+@pytest.fixture(scope="session")
+def target() -> LlamaForCausalLM:
+    return hf_treespec.enable(tiny_llama())
+
+
+@pytest.fixture(scope="session")
+def drafters(target) -> dict[str, torch.nn.Module]:
+    """Several drafters: unrelated random, exact copy, perturbed copy, truncated self-drafter."""
+    return {
+        "random": tiny_llama(seed=7, layers=2),
+        "copy": copy.deepcopy(target),
+        "perturbed": perturbed_copy(target),
+        "truncated": hf_treespec.drafters.truncated(target, num_layers=2),
+    }
+
+
+@pytest.fixture(scope="session")
+def word_tokenizer() -> PreTrainedTokenizerFast:
+    """A character-level tokenizer over the tiny vocabulary (token i <-> one character), usable by stop strings."""
+    import string
+
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    chars = (string.ascii_letters + string.digits + "+/")[:VOCAB]
+    tok = Tokenizer(models.WordLevel(vocab={c: i for i, c in enumerate(chars)}, unk_token="a"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="a")
+
+
+@pytest.fixture
+def prompt() -> torch.Tensor:
+    torch.manual_seed(123)
+    return torch.randint(0, VOCAB, (1, 12))

