@@ -30,7 +30,8 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct",
                         help="target: asset short name, checkpoint folder, .gguf file or hub id")
     parser.add_argument("--drafter", default="truncated:6",
-                        help="truncated:K (target's first K layers), a checkpoint path / hub id, or 'none'")
+                        help="truncated:K (target's first K layers), lookup:N (prompt-lookup tree drafting with n-grams up to N), "
+                             "a checkpoint path / hub id, or 'none'")
     parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads for every method")
     source = parser.add_mutually_exclusive_group()
@@ -42,7 +43,8 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--top-p", type=float, default=None)
     parser.add_argument("--top-k", type=int, default=None, help="sampling only; default off")
     parser.add_argument("--methods", default=None,
-                        help="comma list (default: all that can run): " + ", ".join(available_methods()))
+                        help="comma list; plain always runs as the baseline (default: all that can run): "
+                             + ", ".join(available_methods()))
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="METHOD.KEY=VALUE",
                         help="generate kwarg for one method (salf.tree_budget=16), for every tree method whose "
                              "policy takes it (tree.tree_budget=16) or for all (*.KEY=VALUE); repeatable")
@@ -114,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.handler(args)
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, OSError) as error:  # bad input, missing files / packages: a message, not a traceback
         print(f"hf-treespec {args.command}: error: {error}", file=sys.stderr)
         return 2
 

@@ -77,7 +77,12 @@ class DraftTree:
         """Returns a new tree with children appended; ``logprobs`` is the child's own draft log-prob (not cumulative).
 
         ``counts`` (optional) is each child's multiplicity in its parent's child list (see the class docstring).
+        Children of draft probability zero (log-prob -inf) are never drafts and are dropped.
         """
+        finite = torch.isfinite(logprobs)
+        if not bool(finite.all()):
+            parents, tokens, logprobs = parents[finite], tokens[finite], logprobs[finite]
+            counts = None if counts is None else counts[finite]
         parents = parents.long()
         count = int(parents.numel())
         if counts is None and self.counts is None:

@@ -193,3 +193,24 @@ def test_drafter_tree_attention_matches_from_scratch(target):
     torch.testing.assert_close(out[0], target(torch.cat([committed, torch.tensor([33])])[None]).logits[0, -1],
                                atol=1e-4, rtol=1e-4)
 
+
+
+def test_prompt_lookup_drafter_proposes_continuations_and_stays_exact(target):
+    from hf_treespec.drafters import prompt_lookup
+
+    drafter = prompt_lookup(target, max_ngram_size=2)
+    drafter.start(torch.tensor([1, 2, 3, 9, 2, 3, 7, 2]))
+    tree = DraftTree.root(3)  # suffix (2, 3) was followed by 9 and by 7; (3) alone also by 9 and 7
+    logits = drafter.expand(tree, torch.tensor([0]))[0]
+    assert set(torch.isfinite(logits).nonzero().squeeze(-1).tolist()) == {7, 9}
+    tree = tree.add_children(torch.tensor([0]), torch.tensor([5]), torch.zeros(1))  # path ... 2 3 5: no match
+    assert not torch.isfinite(drafter.expand(tree, torch.tensor([1]))).any()
+
+    torch.manual_seed(3)
+    ids = torch.randint(0, 64, (1, 40))
+    ref = target.generate(ids, do_sample=False, max_new_tokens=40)
+    for policy in POLICIES:
+        out = target.generate(ids, do_sample=False, max_new_tokens=40, assistant_model=prompt_lookup(target),
+                              tree_policy=policy, return_dict_in_generate=True)
+        assert torch.equal(out.sequences, ref), policy
+    assert max(out.accepted_lengths) > 1  # the tiny model repeats itself: lookup drafts get accepted

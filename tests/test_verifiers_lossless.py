@@ -58,10 +58,8 @@ class TableSource:
 
     def __init__(self, q_fn):
         self.q_fn = q_fn
-        self.calls = 0
 
     def logprobs(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
-        self.calls += 1
         return torch.stack([self.q_fn(node_path(tree, int(v))) for v in nodes]).log()
 
 
@@ -81,7 +79,6 @@ def tree_key(tree: DraftTree) -> tuple:
 def tree_law(policy, q_fn) -> list[tuple[DraftTree, float]]:
     """Every tree the policy can draft, with its exact probability."""
     trees: dict[tuple, DraftTree] = {}
-
     sampled = "generator" in inspect.signature(policy.build).parameters  # deterministic policies take none
 
     def run(source):
@@ -276,6 +273,20 @@ def test_traversal_on_a_chain_is_block_verification(vocab, depth):
         assert traversal[seq] == pytest.approx(prob, abs=1e-12)
     # and block verification accepts at least as much as token-wise verification
     assert expected_accepted(block) >= expected_accepted(chain_law("naive", p_fn, q_fn, depth)) - 1e-12
+
+
+def test_traversal_on_one_level_is_specinfer_and_wins_deeper(tree_laws):
+    """On one level of i.i.d. drafts traversal has SpecInfer's law; deeper, bottom-up verification accepts more."""
+    for problem, deeper in (("iid-3x1", False), ("iid-2x2", True)):
+        vocab = PROBLEMS[problem][2]
+        p_fn = lambda path: toy_table(0, path, vocab)  # noqa: E731
+        specinfer = step_law(VERIFIERS.get("specinfer")(), tree_laws(problem), p_fn)
+        traversal = step_law(VERIFIERS.get("traversal")(), tree_laws(problem), p_fn)
+        if not deeper:
+            assert set(specinfer) == set(traversal)
+            assert all(traversal[seq] == pytest.approx(prob, abs=1e-12) for seq, prob in specinfer.items())
+        else:
+            assert expected_accepted(traversal) > expected_accepted(specinfer) + 0.01
 
 
 def test_traversal_refuses_unmerged_duplicate_siblings():

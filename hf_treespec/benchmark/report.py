@@ -81,7 +81,7 @@ def _header(settings: dict[str, Any]) -> str:
         f"drafter `{settings['drafter']}` ({settings['drafter_class']})",
         f"- {source}: {settings['num_questions']} questions (first turn, chat template), "
         f"max_new_tokens {settings['max_new_tokens']}, {sampling}",
-        f"- {settings['threads']} threads, median of {settings['repeats']} repeat(s), device {settings['device']} "
+        f"- threads: {settings['threads']}, median of {settings['repeats']} repeat(s), device {settings['device']} "
         f"({settings['processor']}), torch {settings['torch']}, transformers {settings['transformers']}, "
         f"{settings['date']}",
     ]

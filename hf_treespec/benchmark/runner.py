@@ -19,6 +19,7 @@ import os
 import platform
 import statistics
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,7 +28,7 @@ from typing import Any, Callable, Iterator
 import torch
 from tqdm.auto import tqdm
 
-from ..drafters import truncated
+from ..drafters import prompt_lookup, truncated
 from ..generation import enable
 from .methods import (
     BenchMethod,
@@ -63,6 +64,7 @@ DATASETS: dict[str, Callable[[int | None], list]] = {"mtbench": _mtbench, "share
 #: --drafter "<kind>:<arg>" -> factory(target, arg); anything else is a checkpoint path or hub id
 DRAFTER_FACTORIES: dict[str, Callable[[torch.nn.Module, str], torch.nn.Module]] = {
     "truncated": lambda model, arg: truncated(model, int(arg)),
+    "lookup": lambda model, arg: prompt_lookup(model, max_ngram_size=int(arg or 3)),
 }
 
 
@@ -469,7 +471,8 @@ def _plain_logits(model, prompt, gen_kwargs, plain_tokens) -> torch.Tensor:
                          return_dict_in_generate=True)
     tokens = out.sequences[0, prompt.shape[1]:].cpu()
     if not torch.equal(tokens, plain_tokens):
-        raise RuntimeError("plain greedy generate is not deterministic here: two identical calls gave different tokens")
+        warnings.warn("plain greedy generate gave different tokens on a second call (non-deterministic kernels?); "
+                      "logit gaps at divergences refer to the second call.", stacklevel=2)
     return torch.cat(out.logits, dim=0).float().cpu()
 
 

@@ -25,6 +25,8 @@ class ChainPolicy(TreePolicy):
         node = torch.zeros(1, dtype=torch.long, device=device)
         for _ in range(int(self.params["tree_depth"])):
             logq = source.logprobs(tree, node)[0]
+            if not bool(torch.isfinite(logq).any()):  # the drafter has no proposal here
+                break
             if self.do_sample:
                 q = logq.exp()
                 tree = tree.record_draft_probs(node, q[None])

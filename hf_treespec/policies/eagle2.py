@@ -29,6 +29,8 @@ class Eagle2Policy(TreePolicy):
         for _ in range(depth):
             logq = source.logprobs(tree, frontier)
             tree, new = add_topk_children(tree, frontier, logq, k)
+            if new.numel() == 0:  # the drafter has no proposal here
+                break
             beam = tree.scores[new].topk(min(k, new.numel())).indices
             frontier = new[beam.sort().values]
         return top_by_score(tree, budget)

@@ -16,9 +16,9 @@ merged subtree. A later copy can never pass (the first copy was either accepted 
 w P(x) < q(x), hence P(x) = 0 after the update) but still counts as one more rejected i.i.d. draw, which updates
 P and w. Trees that repeat a token among siblings without counting it are refused: the copies would own subtrees.
 
-[inferred] On the delayed-expansion paper's trees with multiplicity; the alternative that visits each distinct
-token once and removes it from q is also lossless but accepts less when the draft repeats a token (measured in the
-tests: it loses to SpecInfer on one level of k = 3 drafts, where this version equals SpecInfer).
+[inferred] How multiplicity is handled is our reconstruction. The alternative that visits each distinct token
+once and removes it from q is lossless too, but accepts less when the draft repeats a token: on one level of k = 3
+drafts of a toy problem, 0.148 against 0.231 for this version, which equals SpecInfer on a single level.
 """
 
 from __future__ import annotations

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Train a TreeSpec feature drafter for SmolLM2-135M-Instruct on one CPU machine: extract target states (with TALF
+# target trees) once, EAGLE warm-up, then TALF (or HASS) from the warm-up, then held-out acceptance per depth.
+# Every step is resumable: rerun the same command after an interruption (finished data chunks are skipped;
+# --resume continues from the last checkpoint).
+set -euo pipefail
+RUNS=${RUNS:-runs}
+
+# 1. training data: hidden states + EAGLE-2 (k=4, depth 3) target trees at 32 sampled positions per conversation
+hf-treespec train prepare --split train --num-conversations 400 --max-length 512 \
+    --tree-policy eagle2 --tree-topk 4 --tree-depth 3 --tree-positions 32 --output "$RUNS/data/train"
+# held-out data for evaluation: the target's greedy chain (depth 4) at every assistant position
+hf-treespec train prepare --split dev --num-conversations 40 --max-length 512 \
+    --tree-policy chain --tree-depth 4 --tree-positions all --output "$RUNS/data/dev"
+
+# 2. EAGLE warm-up (new drafter: one decoder layer, 8k-token draft vocabulary, target embedding / LM head shared)
+hf-treespec train eagle --data "$RUNS/data/train" --output-dir "$RUNS/eagle" --epochs 4 --resume
+
+# 3. tree-aware fine-tuning from the warm-up (TALF defaults: lr 3e-4, cosine with warm-up, AdamW betas 0.9/0.95)
+hf-treespec train talf --data "$RUNS/data/train" --init "$RUNS/eagle" --output-dir "$RUNS/talf" --epochs 2 --resume
+hf-treespec train hass --data "$RUNS/data/train" --init "$RUNS/eagle" --output-dir "$RUNS/hass" --epochs 2 --resume
+
+# 4. top-1 acceptance per depth along the target's greedy continuation, and tau of greedy chain drafting
+hf-treespec train evaluate --data "$RUNS/data/dev" \
+    --drafter "$RUNS/eagle" --drafter "$RUNS/hass" --drafter "$RUNS/talf" --output "$RUNS/acceptance.json"
+
+# 5. end to end: tree speculation with SALF behind model.generate, against plain generate
+hf-treespec bench --drafter "$RUNS/talf" --methods plain,tree:salf --num-questions 5

@@ -1,0 +1,359 @@
+"""Drafter training stack: chat masks, chunked/resumable extraction, target trees, unrolling, EAGLE/HASS/TALF trainers.
+
+A tiny random Llama (vocab 64, hidden 32, 2 layers) plays the target, with a character-level fast tokenizer whose
+chat template renders ``U+text/`` for user turns and ``A+text/`` for assistant turns.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import string
+from dataclasses import replace
+
+import pytest
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from hf_treespec.drafters import TreeSpecDrafterConfig, TreeSpecDrafterModel, build_draft_vocab
+from hf_treespec.policies import POLICIES
+from hf_treespec.trainers import (
+    EAGLEConfig,
+    EAGLETrainer,
+    HASSConfig,
+    HASSTrainer,
+    PrepareConfig,
+    TALFCollator,
+    TALFConfig,
+    TALFTrainer,
+    TargetHead,
+    TreeLevels,
+    acceptance_by_depth,
+    load_prepared,
+    prepare_dataset,
+    tokenize_conversation,
+    unroll,
+)
+from hf_treespec.trainers.data import CHUNK_PREFIX, decode_tensor
+
+torch.set_num_threads(1)
+
+VOCAB = 64
+CHARS = (string.ascii_letters + string.digits + "+/")[:VOCAB]
+TEMPLATE = ("{% for m in messages %}{{ m['role'][0] | upper }}+{{ m['content'] }}/{% endfor %}"
+            "{% if add_generation_prompt %}A+{% endif %}")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.WordLevel(vocab={c: i for i, c in enumerate(CHARS)}, unk_token="a"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    out = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="a", pad_token="a")
+    out.chat_template = TEMPLATE
+    return out
+
+
+@pytest.fixture(scope="module")
+def target() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         bos_token_id=None, eos_token_id=None, pad_token_id=None, tie_word_embeddings=False)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(12.0)  # peaked distributions, like a real LM
+    return model
+
+
+def conversations(count: int, seed: int = 0) -> list[dict]:
+    """ShareGPT-style records: short human turns, assistant answers with repeated patterns (learnable)."""
+    rng = random.Random(seed)
+    letters = string.ascii_lowercase
+    records = []
+    for i in range(count):
+        turns = []
+        for _ in range(rng.randint(1, 2)):
+            turns.append({"from": "human", "value": "".join(rng.choice(letters) for _ in range(rng.randint(3, 6)))})
+            word = "".join(rng.choice(letters) for _ in range(3))
+            turns.append({"from": "gpt", "value": (word * 8)[: rng.randint(12, 20)]})
+        records.append({"id": f"c{i}", "conversations": turns})
+    return records
+
+
+def make_drafter(target, draft_vocab: torch.Tensor | None = None, seed: int = 0) -> TreeSpecDrafterModel:
+    torch.manual_seed(seed)
+    size = VOCAB if draft_vocab is None else int(draft_vocab.numel())
+    config = TreeSpecDrafterConfig.for_target(target.config, draft_vocab_size=size, share_target_embeddings=True,
+                                              share_target_lm_head=True)
+    drafter = TreeSpecDrafterModel(config)
+    if draft_vocab is not None:
+        drafter.set_draft_vocab(draft_vocab)
+    return drafter.tie_to_target(target)
+
+
+TREES = dict(tree_policy="eagle2", tree_params={"tree_topk": 4, "tree_depth": 3})
+
+
+@pytest.fixture(scope="module")
+def talf_data(target, tokenizer, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("talf")
+    config = PrepareConfig(chunk_size=4, batch_tokens=256, storage_dtype="float32", tree_positions=6, **TREES)
+    prepare_dataset(target, tokenizer, conversations(8), folder, config, progress=False)
+    return load_prepared(folder)
+
+
+# ----------------------------------------------------------------------------------------------------- data
+def test_assistant_mask_covers_exactly_the_assistant_turns(tokenizer):
+    messages = [{"role": "user", "content": "abc"}, {"role": "assistant", "content": "xyz"},
+                {"role": "user", "content": "de"}, {"role": "assistant", "content": "qq"}]
+    ids, mask = tokenize_conversation(tokenizer, messages)
+    text = "".join(CHARS[i] for i in ids)
+    assert text == "U+abc/A+xyz/U+de/A+qq/"
+    assert "".join(c for c, m in zip(text, mask) if m) == "xyz/qq/"
+    assert tokenize_conversation(tokenizer, messages, max_length=5)[0] == ids[:5]
+
+
+def test_prepare_writes_chunks_and_resumes(target, tokenizer, tmp_path):
+    config = PrepareConfig(chunk_size=2, batch_tokens=64)
+    records = conversations(5)
+    prepare_dataset(target, tokenizer, records, tmp_path, config, progress=False)
+    chunks = sorted(p.name for p in tmp_path.glob(f"{CHUNK_PREFIX}*"))
+    assert chunks == ["chunk-00000", "chunk-00001", "chunk-00002"]
+    data = load_prepared(tmp_path)
+    assert len(data.dataset) == 5 and data.hidden_size == 32
+    row = data.dataset[3]
+    ids = torch.tensor([row["input_ids"]])
+    with torch.no_grad():
+        out = target(ids, output_hidden_states=True)
+    # layer -1 is the pre-norm last state: norm(stored) gives the target's logits
+    stored = decode_tensor(row["hidden_states"], torch.bfloat16, 32)
+    assert stored.shape == (ids.shape[1], 32)
+    logits = target.lm_head(target.model.norm(stored.float()))
+    assert (logits.argmax(-1) == out.logits[0].argmax(-1)).float().mean() > 0.9
+    scored = sum(sum(m[1:]) for m in data.dataset["loss_mask"])
+    assert int(data.token_counts.sum()) == scored
+
+    # a crash mid-chunk leaves only a .tmp folder; a rerun redoes that chunk alone
+    (tmp_path / "chunk-00001").rename(tmp_path / "chunk-00001.tmp")
+    stamps = {name: (tmp_path / name / "chunk.json").stat().st_mtime_ns for name in ("chunk-00000", "chunk-00002")}
+    calls = []
+    handle = target.register_forward_hook(lambda *args: calls.append(1))
+    try:
+        prepare_dataset(target, tokenizer, records, tmp_path, config, progress=False)
+    finally:
+        handle.remove()
+    assert 1 <= len(calls) <= 2  # only chunk 1's two conversations went through the target
+    assert stamps == {name: (tmp_path / name / "chunk.json").stat().st_mtime_ns for name in stamps}
+    assert not (tmp_path / "chunk-00001.tmp").exists() and len(load_prepared(tmp_path).dataset) == 5
+    with pytest.raises(ValueError, match="different settings"):
+        prepare_dataset(target, tokenizer, records, tmp_path, PrepareConfig(chunk_size=3), progress=False)
+
+
+class DirectSource:
+    """The reference: the target answers one tree's request with a plain forward per node (prefix + path)."""
+
+    def __init__(self, target, prefix):
+        self.target, self.prefix = target, prefix
+
+    def logprobs(self, tree, nodes):
+        rows = []
+        for node in nodes.tolist():
+            path = tree.tokens[tree.path_to(node)][1:].tolist()
+            with torch.no_grad():
+                logits = self.target(torch.tensor([self.prefix + path])).logits[0, -1]
+            rows.append(torch.log_softmax(logits.float(), -1))
+        return torch.stack(rows)
+
+
+def test_talf_trees_match_the_policy_and_the_target(target, talf_data):
+    data = talf_data
+    head = TargetHead.from_target(target)
+    checked = 0
+    for row in data.dataset.select(range(3)):
+        hidden = decode_tensor(row["tree_hidden"], torch.float32, 32)
+        assert len(row["tree_roots"]) == min(6, sum(row["loss_mask"][2:]))
+        offset = 0
+        for position, tokens, parents in list(zip(row["tree_roots"], row["tree_tokens"], row["tree_parents"])):
+            # EAGLE-2 k=4, depth 3: root + 4 children + a 4-node beam at depth 2, all expanded
+            assert len(tokens) == 9 and parents[:5] == [-1, 0, 0, 0, 0] and all(1 <= p <= 4 for p in parents[5:])
+            prefix = row["input_ids"][: position + 1]
+            assert tokens[0] == prefix[-1]
+            # the lockstep batch reproduces the policy run alone with an unbatched target
+            reference = POLICIES.get("eagle2")(tree_topk=4, tree_depth=3).build(DirectSource(target, prefix),
+                                                                                prefix[-1], torch.device("cpu"))
+            expanded = reference.select(reference.num_children() > 0)
+            assert tokens == expanded.tokens.tolist() and parents == expanded.parents.tolist()
+            for node in (1, 6, 8):  # per-node labels = the target's distribution recomputed from scratch
+                path, x = [], node
+                while x > 0:
+                    path.append(tokens[x])
+                    x = parents[x]
+                with torch.no_grad():
+                    expected = torch.softmax(target(torch.tensor([prefix + path[::-1]])).logits[0, -1], -1)
+                got = head.log_probs(hidden[offset + node - 1]).exp()
+                torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+                checked += 1
+            offset += len(tokens) - 1
+        assert offset == hidden.shape[0]
+    assert checked >= 6
+
+
+def test_unroll_matches_feeding_each_path_step_by_step(target, talf_data):
+    drafter = make_drafter(target, seed=3).eval()
+    rows = [talf_data.dataset[i] for i in range(2)]
+    batch = TALFCollator.from_prepared(talf_data)(rows)
+    levels = TreeLevels.from_batch(batch)
+    with torch.no_grad():
+        out = unroll(drafter, batch["input_ids"], batch["target_hidden_states"], batch["attention_mask"], levels)
+    checked = 0
+    for b in range(2):
+        nodes = levels.valid[b].nonzero().squeeze(-1).tolist()
+        for slot in nodes[:: max(1, len(nodes) // 5)]:
+            chain, x = [], slot
+            while x >= 0:
+                chain.append(x)
+                x = int(levels.parents[b, x])
+            chain = chain[::-1]
+            root = int(levels.roots[b, slot])
+            with torch.no_grad():  # reference: causal prefix up to the root, then the path with fed-back features
+                ctx = drafter(batch["input_ids"][b:b + 1, : root + 1],
+                              target_hidden_states=batch["target_hidden_states"][b:b + 1, : root + 1], use_cache=True)
+                feature, cache = ctx.hidden_states[:, -1:], ctx.past_key_values
+                for node in chain:
+                    step = drafter(levels.tokens[b:b + 1, node:node + 1], features=feature, past_key_values=cache,
+                                   use_cache=True)
+                    feature = step.hidden_states
+            torch.testing.assert_close(out.node_logits[b, slot], step.logits[0, 0], atol=1e-4, rtol=1e-4)
+            checked += 1
+    assert checked >= 4
+
+
+# ------------------------------------------------------------------------------------------------- trainers
+def _args(config_cls, tmp_path, **overrides):
+    values = dict(output_dir=str(tmp_path), per_device_train_batch_size=4, learning_rate=3e-3, max_steps=24,
+                  logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, seed=0,
+                  dataloader_num_workers=0, disable_tqdm=True, warmup_steps=0, lr_scheduler_type="constant")
+    values.update(overrides)
+    return config_cls(**values)
+
+
+def _losses(trainer) -> list[float]:
+    return [log["loss"] for log in trainer.state.log_history if "loss" in log]
+
+
+@pytest.mark.parametrize("trainer_cls, config_cls", [(EAGLETrainer, EAGLEConfig), (HASSTrainer, HASSConfig),
+                                                     (TALFTrainer, TALFConfig)])
+def test_trainer_loss_falls(trainer_cls, config_cls, target, talf_data, tmp_path):
+    vocab = build_draft_vocab(talf_data.token_counts + 1, 48)[0]  # a reduced draft vocabulary, as on real targets
+    drafter = make_drafter(target, vocab)
+    trainer = trainer_cls(drafter, _args(config_cls, tmp_path), target_model=target, train_dataset=talf_data)
+    trainer.train()
+    losses = _losses(trainer)
+    assert len(losses) == 24
+    # soft cross-entropy has the target's entropy as its floor: ask for a clear fall, and for agreement to rise
+    assert sum(losses[-4:]) / 4 < 0.9 * sum(losses[:4]) / 4, losses
+    top1 = [log["top1_d1"] for log in trainer.state.log_history if "top1_d1" in log]
+    assert sum(top1[-4:]) > sum(top1[:4]) + 0.4, top1
+    logged = {key for log in trainer.state.log_history for key in log}
+    assert "top1_d1" in logged
+    if trainer_cls is not EAGLETrainer:
+        assert {"top1_d2", "top1_d3"} <= logged  # unrolled depths are trained and reported
+    assert not any(p.grad is not None and p.grad.abs().sum() > 0 for p in target.parameters())
+
+
+def test_loss_is_normalised_over_the_accumulation_window(target, talf_data, tmp_path):
+    """One optimizer step on 2 sequences equals two accumulated micro-batches of 1 (items counted over the window)."""
+    params = []
+    for batch, accumulation in ((2, 1), (1, 2)):
+        drafter = make_drafter(target, seed=1)
+        args = _args(TALFConfig, tmp_path / f"{batch}", per_device_train_batch_size=batch, max_steps=1,
+                     gradient_accumulation_steps=accumulation, max_grad_norm=1e9, optim="sgd", learning_rate=1.0)
+        TALFTrainer(drafter, args, target_model=target, train_dataset=talf_data).train()
+        params.append(torch.cat([p.detach().flatten() for p in drafter.parameters()]))
+    start = torch.cat([p.detach().flatten() for p in make_drafter(target, seed=1).parameters()])
+    assert (params[0] - start).abs().max() > 1e-3  # the step moved the weights
+    torch.testing.assert_close(params[0], params[1], atol=1e-6, rtol=1e-5)
+
+
+def test_resume_from_checkpoint_reproduces_the_run(target, talf_data, tmp_path):
+    def run(folder, max_steps, resume=None):
+        drafter = make_drafter(target, seed=2)
+        args = _args(EAGLEConfig, folder, max_steps=max_steps, save_strategy="steps", save_steps=3)
+        trainer = EAGLETrainer(drafter, args, target_model=target, train_dataset=talf_data)
+        trainer.train(resume_from_checkpoint=resume)
+        return torch.cat([p.detach().flatten() for p in drafter.parameters()])
+
+    full = run(tmp_path / "full", 6)
+    run(tmp_path / "cut", 3)
+    resumed = run(tmp_path / "cut", 6, resume=str(tmp_path / "cut" / "checkpoint-3"))
+    torch.testing.assert_close(resumed, full, atol=1e-5, rtol=1e-4)
+
+
+def test_acceptance_by_depth_on_chain_data(target, tokenizer, tmp_path):
+    config = PrepareConfig(chunk_size=8, tree_policy="chain", tree_params={"tree_depth": 3}, tree_positions=None)
+    prepare_dataset(target, tokenizer, conversations(3, seed=5), tmp_path, config, progress=False)
+    data = load_prepared(tmp_path)
+    head = TargetHead.from_target(target)
+    result = acceptance_by_depth(make_drafter(target), data, head, progress=False)
+    assert result["roots"] == sum(sum(m[2:]) for m in data.dataset["loss_mask"])
+    assert set(result) >= {"top1_d1", "top1_d3", "accept_d2", "tau_chain"}
+    assert 1.0 <= result["tau_chain"] <= 4.0
+    json.dumps(result)
+    eagle2_data = replace(data, config=replace(data.config, **TREES))
+    with pytest.raises(ValueError, match="chain"):
+        acceptance_by_depth(make_drafter(target), eagle2_data, head)
+
+
+def test_unroll_under_bf16_autocast(target, talf_data):
+    """Mixed precision (``bf16=True`` on CPU / GPU) runs the tree levels: masks follow the attention dtype."""
+    drafter = make_drafter(target, seed=4)
+    batch = TALFCollator.from_prepared(talf_data)([talf_data.dataset[0]])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = unroll(drafter, batch["input_ids"], batch["target_hidden_states"], batch["attention_mask"],
+                     TreeLevels.from_batch(batch))
+    out.node_logits.float().sum().backward()
+    assert torch.isfinite(out.node_logits.float()).all()
+
+
+def test_cli_prepare_train_evaluate(target, tokenizer, tmp_path, capsys):
+    import argparse
+
+    from hf_treespec.trainers.cli import add_parser
+
+    target.save_pretrained(tmp_path / "target")
+    tokenizer.save_pretrained(tmp_path / "target")
+    (tmp_path / "convs.jsonl").write_text("\n".join(json.dumps(r) for r in conversations(6, seed=9)) + "\n")
+    parser = argparse.ArgumentParser(prog="hf-treespec")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+
+    def run(*argv: str) -> dict:
+        args = parser.parse_args(["train", *argv, "--target", str(tmp_path / "target"), "--no-progress"])
+        assert args.handler(args) == 0
+        return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+    source = ["--data-file", str(tmp_path / "convs.jsonl"), "--dtype", "fp32", "--storage-dtype", "float32"]
+    summary = run("prepare", *source, "--skip", "2", "--num-conversations", "4", "--tree-positions", "3",
+                  "--output", str(tmp_path / "train"))
+    assert summary["conversations"] == 4 and summary["tokens"] > 0
+    run("prepare", *source, "--num-conversations", "2", "--tree-policy", "chain", "--tree-positions", "all",
+        "--output", str(tmp_path / "dev"))
+    common = ["--data", str(tmp_path / "train"), "--max-steps", "2", "--precision", "fp32", "--batch-size", "2",
+              "--draft-vocab-size", "32"]
+    eagle = run("eagle", *common, "--output-dir", str(tmp_path / "eagle"))
+    assert eagle["steps"] == 2 and (tmp_path / "eagle" / "config.json").is_file()
+    talf = run("talf", *common, "--init", str(tmp_path / "eagle"), "--output-dir", str(tmp_path / "talf"))
+    assert talf["steps"] == 2
+    saved = TreeSpecDrafterModel.from_pretrained(tmp_path / "talf")
+    assert saved.config.draft_vocab_size == 32 and saved.config.share_target_lm_head  # head not stored
+    result = run("evaluate", "--data", str(tmp_path / "dev"), "--drafter", str(tmp_path / "talf"))
+    assert result[str(tmp_path / "talf")]["roots"] > 0

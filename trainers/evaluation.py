@@ -1,0 +1,76 @@
+"""Held-out acceptance of a drafter per depth, along the target's own greedy continuation.
+
+Evaluation data is prepared with the ``chain`` policy (``tree_depth=D``): at every root position the target's greedy
+chain of ``D`` tokens and its state at each of them are stored. The drafter then runs exactly as in greedy chain
+drafting -- context pass, then its own features fed back along the chain (:func:`~.unroll.unroll`) -- and a draft at
+depth k is accepted when its argmax (mapped to a target id) equals the target's argmax there. Since an accepted draft
+*is* the target's greedy token, the conditional rate at depth k given depths < k accepted is greedy speculative
+decoding's acceptance rate alpha_k, and ``1 + mean leading accepted`` is tau of greedy chain drafting of depth D.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from .collators import TALFCollator
+from .data import PreparedData
+from .losses import TargetHead
+from .unroll import TreeLevels, unroll
+
+
+@torch.no_grad()
+def acceptance_by_depth(
+    model, data: PreparedData, target_head: TargetHead, batch_size: int = 4, progress: bool = True
+) -> dict[str, Any]:
+    """``{"top1_d{k}", "accept_d{k}", "mean_accepted", "tau_chain", "roots"}`` over every stored root (see module)."""
+    if data.config.tree_policy != "chain":
+        raise ValueError("acceptance_by_depth needs data prepared with the 'chain' tree policy (the target's greedy "
+                         f"continuation at every root); this folder used {data.config.tree_policy!r}.")
+    depth = int(data.config.tree_params.get("tree_depth", 5))
+    collator = TALFCollator.from_prepared(data)
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    rows = data.dataset
+    results = []  # [roots, depth] 1 accepted / 0 rejected / -1 not available (sequence end)
+    for start in tqdm(range(0, len(rows), batch_size), desc="acceptance", disable=not progress):
+        picked = [rows[i] for i in range(start, min(start + batch_size, len(rows)))]
+        batch = {k: v.to(device) for k, v in collator(picked).items()}
+        levels = TreeLevels.from_batch(batch)
+        out = unroll(model, batch["input_ids"], batch["target_hidden_states"], batch["attention_mask"], levels)
+        d2t = model.d2t
+        ctx_ok = d2t[out.context_logits.argmax(-1)] == target_head.log_probs(batch["label_hidden"]).argmax(-1)
+        node_ok = None
+        if out.node_logits is not None:
+            node_ok = d2t[out.node_logits.argmax(-1)] == target_head.log_probs(batch["node_label_hidden"]).argmax(-1)
+        for b, row in enumerate(picked):
+            table = torch.full((ctx_ok.shape[1], depth), -1, dtype=torch.long)
+            roots = torch.tensor(row["tree_roots"], dtype=torch.long) - 1
+            if roots.numel() == 0:
+                continue
+            table[roots, 0] = ctx_ok[b, roots].long().cpu()
+            if node_ok is not None:
+                valid = levels.valid[b]
+                table[levels.roots[b][valid].cpu(), levels.depth[b][valid].cpu()] = node_ok[b][valid].long().cpu()
+            results.append(table[roots])
+    model.train(was_training)
+    if not results:
+        raise ValueError("the evaluation data holds no tree roots.")
+    table = torch.cat(results)
+    summary: dict[str, Any] = {"roots": int(table.shape[0])}
+    alive = torch.ones(table.shape[0], dtype=torch.bool)
+    leading = torch.zeros(table.shape[0])
+    for k in range(depth):
+        known = table[:, k] >= 0
+        ok = table[:, k] == 1
+        summary[f"top1_d{k + 1}"] = round(float(ok[known].float().mean()), 4) if known.any() else None
+        reached = alive & known
+        summary[f"accept_d{k + 1}"] = round(float(ok[reached].float().mean()), 4) if reached.any() else None
+        alive = reached & ok
+        leading += alive.float()
+    summary["mean_accepted"] = round(float(leading.mean()), 4)
+    summary["tau_chain"] = round(1.0 + float(leading.mean()), 4)
+    return summary

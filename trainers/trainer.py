@@ -1,0 +1,307 @@
+"""Trainer subclasses for feature drafters: EAGLE (warm-up), HASS and TALF (ALGORITHMS.md section 8).
+
+Only the drafter trains. The target contributes its frozen token embedding and LM head (shared by the drafter through
+``tie_to_target``) and its final norm + LM head to turn stored hidden states back into soft labels
+(:class:`~.losses.TargetHead`). Each objective has a config (a ``TrainingArguments`` subclass with the paper's
+defaults, TRL style) and a collator; the trainer returns ``sum of per-item losses / num_items_in_batch`` so gradient
+accumulation and multi-device runs weigh every scored position / tree node equally.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from transformers import PreTrainedModel, Trainer, TrainingArguments
+
+from .collators import DrafterCollator, EAGLECollator, HASSCollator, TALFCollator
+from .data import PreparedData
+from .losses import TargetHead, feature_regression, soft_cross_entropy, top1_agreement, topk_distillation
+from .unroll import TreeLevels, UnrollOutput, unroll
+
+
+# ------------------------------------------------------------------------------------------------------ configs
+@dataclass
+class DrafterTrainingArguments(TrainingArguments):
+    """``TrainingArguments`` with the settings drafter training needs: the collators read every dataset column, and
+    evaluation reports the loss (and per-depth top-1 agreement) rather than collecting logits."""
+
+    remove_unused_columns: bool = field(default=False, metadata={"help": "collators need every prepared column"})
+    prediction_loss_only: bool = field(default=True, metadata={"help": "evaluation reports losses and metrics"})
+
+
+@dataclass
+class EAGLEConfig(DrafterTrainingArguments):
+    """EAGLE-1 loss weights: ``ce_weight * CE(p, q) + feature_weight * SmoothL1(feature)``."""
+
+    ce_weight: float = field(default=0.1, metadata={"help": "weight of the soft cross-entropy to the target"})
+    feature_weight: float = field(default=1.0, metadata={"help": "weight of the SmoothL1 feature regression"})
+
+
+@dataclass
+class HASSConfig(EAGLEConfig):
+    """HASS: EAGLE's terms at every unrolled step, plus top-K distillation."""
+
+    unroll_steps: int = field(default=3, metadata={"help": "drafter passes per position (1 = EAGLE)"})
+    distill_topk: int = field(default=10, metadata={"help": "K of the top-K distillation term"})
+    distill_weight: float = field(default=0.1, metadata={"help": "weight of the top-K distillation term"})
+
+
+@dataclass
+class TALFConfig(DrafterTrainingArguments):
+    """TALF (Appendix D of salf_talf): lr 3e-4, cosine schedule with warm-up, AdamW betas (0.9, 0.95)."""
+
+    learning_rate: float = field(default=3e-4, metadata={"help": "peak learning rate"})
+    lr_scheduler_type: str = field(default="cosine", metadata={"help": "learning-rate schedule"})
+    warmup_steps: float = field(default=0.05, metadata={"help": "warm-up steps (int) or ratio of steps (< 1)"})
+    adam_beta2: float = field(default=0.95, metadata={"help": "AdamW beta2"})
+
+
+# ------------------------------------------------------------------------------------------------------ trainers
+class DrafterTrainer(Trainer):
+    """Common machinery: target head, loss normalisation, per-depth metrics. Subclasses define ``objective``."""
+
+    config_class: ClassVar[type[DrafterTrainingArguments]] = DrafterTrainingArguments
+    collator_class: ClassVar[type[DrafterCollator]] = DrafterCollator
+    objective_name: ClassVar[str] = "drafter"
+    # set per micro-batch by compute_loss: True when the loss was divided by num_items_in_batch (the whole
+    # accumulation window), so training_step must not divide it by the number of accumulation steps again
+    loss_is_scaled_for_ga: bool | None = None
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        args: DrafterTrainingArguments | None = None,
+        *,
+        target_model: PreTrainedModel | None = None,
+        target_head: TargetHead | None = None,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        data_collator: Any = None,
+        **kwargs: Any,
+    ):
+        """
+        Args:
+            model: the drafter (:class:`~hf_treespec.drafters.TreeSpecDrafterModel`).
+            args: a ``{EAGLE,HASS,TALF}Config`` (defaults: ``output_dir=<objective>-drafter``).
+            target_model: the target the data was prepared with: attaches its embedding / LM head to the drafter when
+                the drafter shares them and they are not attached yet, and provides the soft-label head.
+            target_head: the soft-label head, if no ``target_model`` is given.
+            train_dataset / eval_dataset: :class:`~.data.PreparedData` (or its ``dataset``).
+            data_collator: defaults to the objective's collator configured from the prepared data.
+        """
+        if args is None:
+            args = self.config_class(output_dir=f"{self.objective_name}-drafter")
+        if not isinstance(args, self.config_class):
+            raise ValueError(f"{type(self).__name__} needs a {self.config_class.__name__} (a TrainingArguments "
+                             f"subclass with the objective's settings), got {type(args).__name__}.")
+        if target_head is None:
+            if target_model is None:
+                raise ValueError("pass target_model= (the target the data was prepared with) or target_head=.")
+            target_head = TargetHead.from_target(target_model)
+        if target_model is not None:
+            target_model.requires_grad_(False)
+            if not model.is_attached:
+                model.tie_to_target(target_model)
+        if not model.is_attached:
+            raise ValueError("the drafter shares the target's embeddings / LM head: pass target_model= or call "
+                             "drafter.tie_to_target(target) first.")
+        prepared = next((d for d in (train_dataset, eval_dataset) if isinstance(d, PreparedData)), None)
+        if data_collator is None:
+            if prepared is None:
+                raise ValueError("pass PreparedData datasets (load_prepared(...)) or an explicit data_collator=.")
+            data_collator = self.make_collator(prepared, args)
+        super().__init__(
+            model=model, args=args, data_collator=data_collator,
+            train_dataset=train_dataset.dataset if isinstance(train_dataset, PreparedData) else train_dataset,
+            eval_dataset=eval_dataset.dataset if isinstance(eval_dataset, PreparedData) else eval_dataset,
+            **kwargs,
+        )
+        if self.args.n_gpu > 1:
+            raise ValueError("drafter trainers run one process per device: launch multi-GPU runs with "
+                             "`accelerate launch` or `torchrun` (DataParallel is not supported).")
+        # our compute_loss normalises by num_items_in_batch itself; the Trainer counts it from `labels`
+        self.model_accepts_loss_kwargs = True
+        self.target_head = target_head.to(self.args.device)
+        for module in (model.get_input_embeddings(), model.get_output_embeddings()):
+            module.to(self.args.device)  # shared target modules are not registered on the drafter, so not moved
+        self._metrics: dict[str, dict[str, list[float]]] = {"train": defaultdict(list), "eval": defaultdict(list)}
+
+    @classmethod
+    def make_collator(cls, prepared: PreparedData, args: DrafterTrainingArguments) -> DrafterCollator:
+        return cls.collator_class.from_prepared(prepared)
+
+    # ------------------------------------------------------------------------------------------- loss plumbing
+    def objective(self, model, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """``(sum of per-item losses, number of items, {metric: (sum, count)})`` for one micro-batch."""
+        raise NotImplementedError
+
+    def compute_loss(self, model, inputs, return_outputs: bool = False, num_items_in_batch=None):
+        loss_sum, items, metrics = self.objective(model, inputs)
+        if num_items_in_batch is None:
+            loss = loss_sum / items.clamp(min=1)
+            self.loss_is_scaled_for_ga = False
+        else:
+            loss = loss_sum / num_items_in_batch
+            self.loss_is_scaled_for_ga = True
+            if self.args.average_tokens_across_devices:
+                loss = loss * self.accelerator.num_processes  # DDP averages gradients; counts were summed
+        mode = "train" if model.training else "eval"
+        for key, value in metrics.items():
+            self._metrics[mode][key].append(value)
+        return (loss, {"loss": loss.detach()}) if return_outputs else loss
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        mode = "eval" if any(key.startswith("eval_") for key in logs) else "train"
+        prefix = "eval_" if mode == "eval" else ""
+        for key, values in self._metrics[mode].items():
+            total = sum(v[0] for v in values)
+            count = sum(v[1] for v in values)
+            if count:
+                logs[prefix + key] = round(total / count, 4)
+        self._metrics[mode].clear()
+        super().log(logs, start_time)
+
+    # ---------------------------------------------------------------------------------------------- helpers
+    def drafter(self, model):
+        return self.accelerator.unwrap_model(model)
+
+    def target_logp(self, model, hidden: torch.Tensor) -> torch.Tensor:
+        """Target log-probs over the drafter's vocabulary from pre-norm states."""
+        d2t = self.drafter(model).d2t
+        identity = d2t.numel() == self.target_head.lm_head.weight.shape[0] and bool(
+            (d2t == torch.arange(d2t.numel(), device=d2t.device)).all())
+        return self.target_head.log_probs(hidden, None if identity else d2t)
+
+    @staticmethod
+    def depth_metrics(metrics: dict, name: str, values: torch.Tensor, depth: torch.Tensor) -> None:
+        """Accumulates ``name`` per token depth (1 = the first drafted token)."""
+        for d in depth.unique().tolist():
+            key = f"{name}_d{d}"
+            metrics[key] = _add(metrics.get(key), values[depth == d])
+
+    def run_unroll(self, model, inputs, levels: TreeLevels | None) -> UnrollOutput:
+        return unroll(model, inputs["input_ids"], inputs["target_hidden_states"], inputs["attention_mask"], levels)
+
+    def scored(self, out: UnrollOutput, inputs, levels: TreeLevels | None):
+        """Flattened (draft logits, drafter features, label states, next-feature states, depth) of all scored items;
+        node labels come from ``node_label_hidden`` (TALF) or the context arrays at ``root + depth`` (HASS)."""
+        mask = inputs["context_mask"]
+        logits, hidden = [out.context_logits[mask]], [out.context_hidden[mask]]
+        labels, nexts = [inputs["label_hidden"][mask]], [inputs["next_hidden_states"][mask]]
+        depth = [torch.ones(int(mask.sum()), dtype=torch.long, device=mask.device)]
+        if levels is not None and out.node_logits is not None:
+            node_mask = inputs["node_loss_mask"]
+            logits.append(out.node_logits[node_mask])
+            hidden.append(out.node_hidden[node_mask])
+            if "node_label_hidden" in inputs:
+                labels.append(inputs["node_label_hidden"][node_mask])
+                nexts.append(None)
+            else:
+                index = (levels.roots + levels.depth).clamp(max=mask.shape[1] - 1)
+                labels.append(_gather(inputs["label_hidden"], index)[node_mask])
+                nexts.append(_gather(inputs["next_hidden_states"], index)[node_mask])
+            depth.append(levels.depth[node_mask] + 1)
+        return logits, hidden, labels, nexts, depth
+
+
+def _gather(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    return values.gather(1, index[..., None].expand(-1, -1, values.shape[-1]))
+
+
+class EAGLETrainer(DrafterTrainer):
+    """EAGLE-1: ``ce_weight * CE(p_target, q) + feature_weight * SmoothL1(f_drafter, f_target)`` at every position,
+    drafter inputs = true target features (no unrolling). The usual warm-up before HASS / TALF."""
+
+    config_class = EAGLEConfig
+    collator_class = EAGLECollator
+    objective_name = "eagle"
+
+    def objective(self, model, inputs):
+        levels = TreeLevels.from_batch(inputs)
+        out = self.run_unroll(model, inputs, levels)
+        drafter = self.drafter(model)
+        total, metrics = 0.0, {}
+        logits, hidden, labels, nexts, depth = self.scored(out, inputs, levels)
+        items = sum(x.shape[0] for x in logits)
+        for part_logits, part_hidden, part_labels, part_next, part_depth in zip(logits, hidden, labels, nexts, depth):
+            if part_logits.shape[0] == 0:
+                continue
+            logp = self.target_logp(model, part_labels)
+            ce = soft_cross_entropy(logp, part_logits)
+            with torch.no_grad():
+                feature_target = drafter.project_features(part_next)
+            feat = feature_regression(part_hidden, feature_target)
+            loss = self.args.ce_weight * ce + self.args.feature_weight * feat
+            loss = loss + self.extra_terms(logp, part_logits, metrics)
+            total = total + loss.sum()
+            metrics["ce"] = _add(metrics.get("ce"), ce)
+            metrics["feature_loss"] = _add(metrics.get("feature_loss"), feat)
+            self.depth_metrics(metrics, "top1", top1_agreement(logp, part_logits.detach()), part_depth)
+        return _as_loss(total, model), torch.tensor(items), _finalise(metrics)
+
+    def extra_terms(self, logp, logits, metrics) -> torch.Tensor | float:
+        return 0.0
+
+
+class HASSTrainer(EAGLETrainer):
+    """HASS: EAGLE's terms over a ``unroll_steps``-step harmonised unroll (the drafter's own features fed back along
+    the data sequence, the keys/values of earlier steps visible as at inference), plus top-K distillation."""
+
+    config_class = HASSConfig
+    collator_class = HASSCollator
+    objective_name = "hass"
+
+    @classmethod
+    def make_collator(cls, prepared, args):
+        return cls.collator_class.from_prepared(prepared, steps=args.unroll_steps)
+
+    def extra_terms(self, logp, logits, metrics):
+        distill = topk_distillation(logp, logits, self.args.distill_topk)
+        metrics["topk_loss"] = _add(metrics.get("topk_loss"), distill)
+        return self.args.distill_weight * distill
+
+
+class TALFTrainer(DrafterTrainer):
+    """TALF (Algorithm 1 of salf_talf): cross-entropy to the target at every node of target-built trees, the drafter
+    following each root -> node path on its own features, one forward per depth with tree attention. Every position
+    is a root (its depth-0 label is free); deeper nodes exist for the roots sampled at preprocessing. No feature
+    regression."""
+
+    config_class = TALFConfig
+    collator_class = TALFCollator
+    objective_name = "talf"
+
+    def objective(self, model, inputs):
+        levels = TreeLevels.from_batch(inputs)
+        out = self.run_unroll(model, inputs, levels)
+        logits, _, labels, _, depth = self.scored(out, inputs, levels)
+        total, metrics, items = 0.0, {}, 0
+        for part_logits, part_labels, part_depth in zip(logits, labels, depth):
+            if part_logits.shape[0] == 0:
+                continue
+            logp = self.target_logp(model, part_labels)
+            ce = soft_cross_entropy(logp, part_logits)
+            total = total + ce.sum()
+            items += ce.shape[0]
+            self.depth_metrics(metrics, "ce", ce.detach(), part_depth)
+            self.depth_metrics(metrics, "top1", top1_agreement(logp, part_logits.detach()), part_depth)
+        return _as_loss(total, model), torch.tensor(items), _finalise(metrics)
+
+
+def _add(entry, values: torch.Tensor):
+    total, count = entry if entry is not None else (0.0, 0)
+    return [total + float(values.detach().sum()), count + int(values.numel())]
+
+
+def _finalise(metrics: dict) -> dict[str, tuple[float, int]]:
+    return {key: (float(value[0]), int(value[1])) for key, value in metrics.items()}
+
+
+def _as_loss(total, model) -> torch.Tensor:
+    """A batch with nothing to score still returns a graph-connected zero (backward must not fail)."""
+    if isinstance(total, torch.Tensor):
+        return total
+    return sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0

@@ -1,0 +1,164 @@
+"""Training-time unrolling of a feature drafter over small trees that hang off the positions of a sequence batch.
+
+At inference a drafter reads the target's features at committed positions, then its *own* output features at tree
+nodes. HASS (chains of data tokens) and TALF (target-built trees) train exactly that situation. Both are one
+computation here:
+
+1. a context pass over the whole batch (true target features, causal, ``use_cache=True``);
+2. one drafter forward per tree depth over all nodes of that depth in the batch. A node's input is its token and the
+   output feature of its parent (the context pass's output at the root position for depth-1 nodes); it attends to its
+   root's prefix in the context pass and to its tree ancestors from earlier depths, through a 4D float mask
+   (:func:`hf_treespec.attention.float_mask`), at position id ``root + depth`` -- the layout the inference adapter uses.
+
+Gradients flow through the fed-back features and the cached keys/values of earlier depths.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hf_treespec.attention import float_mask
+from hf_treespec.tree import DraftTree
+
+#: batch keys of the flattened tree nodes (what a collator emits and ``TreeLevels.from_batch`` reads)
+LEVEL_KEYS = ("node_tokens", "node_parents", "node_roots", "node_depth", "node_valid", "level_bounds")
+
+
+@dataclass
+class TreeLevels:
+    """Non-root nodes of many small trees per batch row, flattened and ordered by depth.
+
+    Attributes:
+        tokens: ``[B, M]`` node tokens.
+        parents: ``[B, M]`` index of the parent among the ``M`` nodes, -1 when the parent is the tree root.
+        roots: ``[B, M]`` drafter position (context column) of the node's root.
+        depth: ``[B, M]`` node depth (>= 1 for real nodes).
+        valid: ``[B, M]`` False on padding.
+        bounds: ``[L, 2]`` ``[start, stop)`` of each depth level (the same for every row; padded per row).
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    roots: torch.Tensor
+    depth: torch.Tensor
+    valid: torch.Tensor
+    bounds: torch.Tensor
+
+    @classmethod
+    def from_batch(cls, batch: dict) -> "TreeLevels | None":
+        if "node_tokens" not in batch:
+            return None
+        return cls(*(batch[key] for key in LEVEL_KEYS))
+
+    def to_batch(self) -> dict[str, torch.Tensor]:
+        return dict(zip(LEVEL_KEYS, (self.tokens, self.parents, self.roots, self.depth, self.valid, self.bounds)))
+
+    @classmethod
+    def from_rows(cls, rows: list[list[tuple[int, int, int, int]]]) -> tuple["TreeLevels", list[list[int]]]:
+        """Builds the padded layout from per-row node lists ``(token, parent, root, depth)`` (parents index the same
+        row's list, -1 = the tree root; parents must come before their children). Also returns, per row, the slot
+        each listed node landed in."""
+        depths = [[node[3] for node in row] for row in rows]
+        num_levels = max((max(d) for d in depths if d), default=0)
+        widths = [max(sum(1 for x in d if x == level) for d in depths) for level in range(1, num_levels + 1)]
+        starts = [sum(widths[:i]) for i in range(num_levels)]
+        size, batch = sum(widths), len(rows)
+        tokens = torch.zeros(batch, size, dtype=torch.long)
+        parents = torch.full((batch, size), -1, dtype=torch.long)
+        roots = torch.zeros(batch, size, dtype=torch.long)
+        depth = torch.zeros(batch, size, dtype=torch.long)
+        valid = torch.zeros(batch, size, dtype=torch.bool)
+        slots: list[list[int]] = []
+        for b, row in enumerate(rows):
+            fill = list(starts)
+            slot_of: list[int] = []
+            for token, parent, root, level in row:
+                if parent >= len(slot_of) or (parent >= 0 and row[parent][3] != level - 1) or level < 1:
+                    raise ValueError("tree nodes must list parents first, one depth apart, with depth >= 1.")
+                slot = fill[level - 1]
+                fill[level - 1] += 1
+                slot_of.append(slot)
+                tokens[b, slot], roots[b, slot], depth[b, slot], valid[b, slot] = token, root, level, True
+                parents[b, slot] = slot_of[parent] if parent >= 0 else -1
+            slots.append(slot_of)
+        bounds = torch.tensor([[s, s + w] for s, w in zip(starts, widths)], dtype=torch.long).reshape(-1, 2)
+        return cls(tokens, parents, roots, depth, valid, bounds), slots
+
+    def ancestors(self) -> torch.Tensor:
+        """``[B, M, M]`` bool: node j is node i or one of its non-root ancestors.
+
+        Each row's nodes form a forest; as one :class:`~hf_treespec.tree.DraftTree` under a virtual root, its
+        vectorised ``ancestor_mask`` gives the answer (padding nodes hang off the virtual root, seeing themselves)."""
+        out = []
+        for b in range(self.tokens.shape[0]):
+            parents = torch.where(self.valid[b] & (self.parents[b] >= 0), self.parents[b] + 1,
+                                  torch.zeros_like(self.parents[b]))
+            forest = DraftTree(
+                tokens=torch.cat([self.tokens.new_zeros(1), self.tokens[b]]),
+                parents=torch.cat([parents.new_full((1,), -1), parents]),
+                depth=torch.cat([self.depth.new_zeros(1), self.depth[b].clamp(min=1)]),
+                scores=torch.zeros(self.tokens.shape[1] + 1, device=self.tokens.device),
+            )
+            out.append(forest.ancestor_mask()[1:, 1:])
+        return torch.stack(out)
+
+
+@dataclass
+class UnrollOutput:
+    """``context_*``: the context pass ``[B, T, *]``; ``node_*``: the tree nodes ``[B, M, *]`` (None without trees)."""
+
+    context_logits: torch.Tensor
+    context_hidden: torch.Tensor
+    node_logits: torch.Tensor | None = None
+    node_hidden: torch.Tensor | None = None
+
+
+def unroll(
+    model,
+    input_ids: torch.Tensor,
+    features: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    levels: TreeLevels | None = None,
+) -> UnrollOutput:
+    """Context pass + one forward per tree depth (see the module docstring).
+
+    Args:
+        model: a :class:`~hf_treespec.drafters.TreeSpecDrafterModel` (or a wrapper with its ``forward``).
+        input_ids: ``[B, T]`` drafter input tokens (sequence tokens 1..T).
+        features: ``[B, T, feature_size]`` raw target features (sequence states 0..T-1).
+        attention_mask: ``[B, T]`` padding mask.
+        levels: the tree nodes; None runs the context pass only (EAGLE).
+    """
+    context = model(input_ids=input_ids, target_hidden_states=features, attention_mask=attention_mask,
+                    use_cache=levels is not None)
+    if levels is None or levels.tokens.shape[1] == 0:
+        return UnrollOutput(context.logits, context.hidden_states)
+    cache = context.past_key_values
+    ancestors = levels.ancestors()
+    length = input_ids.shape[1]
+    columns = torch.arange(length, device=input_ids.device)
+    hidden_parts: list[torch.Tensor] = []
+    logit_parts: list[torch.Tensor] = []
+    for start, stop in levels.bounds.tolist():
+        sl = slice(start, stop)
+        parents, roots = levels.parents[:, sl], levels.roots[:, sl]
+        from_root = _gather(context.hidden_states, roots)
+        if hidden_parts:
+            from_node = _gather(torch.cat(hidden_parts, dim=1), parents.clamp(min=0))
+            parent_features = torch.where((parents < 0)[..., None], from_root, from_node)
+        else:
+            parent_features = from_root
+        visible = torch.cat([columns[None, None, :] <= roots[..., None], ancestors[:, sl, :stop]], dim=-1)
+        mask = float_mask(visible, parent_features.dtype)[0, 0][:, None]
+        out = model(input_ids=levels.tokens[:, sl], features=parent_features, attention_mask=mask,
+                    position_ids=roots + levels.depth[:, sl], past_key_values=cache, use_cache=True)
+        hidden_parts.append(out.hidden_states)
+        logit_parts.append(out.logits)
+    return UnrollOutput(context.logits, context.hidden_states, torch.cat(logit_parts, 1), torch.cat(hidden_parts, 1))
+
+
+def _gather(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``values[b, index[b, i]]`` for ``values [B, N, H]`` and ``index [B, M]``."""
+    return values.gather(1, index[..., None].expand(-1, -1, values.shape[-1]))
