@@ -103,10 +103,18 @@ def run_bench(args: argparse.Namespace) -> int:
 COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {"bench": add_bench_parser}
 
 
+def plugin_commands() -> dict[str, Callable[[argparse._SubParsersAction], None]]:
+    """Subcommands other installed packages add through the ``hf_treespec.cli`` entry-point group (``train`` comes
+    from ``hf_treespec.trainers`` this way, so inference code never imports the training code)."""
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep.load() for ep in entry_points(group="hf_treespec.cli") if ep.name not in COMMANDS}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hf-treespec", description="Tree-based speculative decoding for transformers.")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add_parser in COMMANDS.values():
+    for add_parser in {**COMMANDS, **plugin_commands()}.values():
         add_parser(subparsers)
     return parser
 

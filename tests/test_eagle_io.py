@@ -37,13 +37,6 @@ EAGLE3_KEYS = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 # ------------------------------------------------------------------------------------- reference architectures
 def rms(x, weight):

@@ -28,14 +28,6 @@ from conftest import VOCAB
 POLICIES = ["chain", "eagle2", "optimal", "salf"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest on one thread; on a shared 2-core machine two threads can be 10x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 # small trees keep the end-to-end tests fast; the policies' defaults are tested elsewhere
 SMALL_TREES = {"chain": dict(tree_depth=4), "eagle2": dict(tree_budget=16, tree_depth=4, tree_topk=4),

@@ -20,14 +20,6 @@ from hf_treespec.verifiers import VERIFIERS
 VOCAB = 6
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors only: intra-op threads just add contention on a shared machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 def table(path: tuple[int, ...]) -> torch.Tensor:
     """Fixed q(. | path); the last token always has probability 0 (like a top-k warped draft)."""

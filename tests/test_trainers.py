@@ -238,6 +238,14 @@ def test_unroll_matches_feeding_each_path_step_by_step(target, talf_data):
     assert checked >= 4
 
 
+def _prenorm(target, ids: torch.Tensor) -> torch.Tensor:
+    from hf_treespec.features import capture_hidden_states
+
+    with torch.no_grad(), capture_hidden_states(target, [-1]) as captured:
+        target(ids)
+    return captured.hidden_states
+
+
 # ------------------------------------------------------------------------------------------------- trainers
 def _args(config_cls, tmp_path, **overrides):
     values = dict(output_dir=str(tmp_path), per_device_train_batch_size=4, learning_rate=3e-3, max_steps=24,
@@ -304,11 +312,21 @@ def test_acceptance_by_depth_on_chain_data(target, tokenizer, tmp_path):
     prepare_dataset(target, tokenizer, conversations(3, seed=5), tmp_path, config, progress=False)
     data = load_prepared(tmp_path)
     head = TargetHead.from_target(target)
-    result = acceptance_by_depth(make_drafter(target), data, head, progress=False)
+    drafter = make_drafter(target, build_draft_vocab(torch.arange(VOCAB).flip(0), 40)[0])
+    result = acceptance_by_depth(drafter, data, head, batch_size=2, progress=False)
     assert result["roots"] == sum(sum(m[2:]) for m in data.dataset["loss_mask"])
+    hits = []  # depth 1 by hand: the drafter's argmax (as a target id) vs the target's argmax at every root
+    for row in data.dataset:
+        ids, roots = torch.tensor([row["input_ids"]]), torch.tensor(row["tree_roots"])
+        with torch.no_grad():
+            states = target(ids, output_hidden_states=True)
+            drafted = drafter(ids[:, 1:], target_hidden_states=_prenorm(target, ids)[:, :-1]).logits[0]
+        hits += (drafter.d2t[drafted[roots - 1].argmax(-1)] == states.logits[0, roots].argmax(-1)).tolist()
+    assert result["top1_d1"] == pytest.approx(sum(hits) / len(hits), abs=1e-4)
     assert set(result) >= {"top1_d1", "top1_d3", "accept_d2", "tau_chain"}
     assert 1.0 <= result["tau_chain"] <= 4.0
     json.dumps(result)
+    assert result["accept_d1"] == result["top1_d1"] and result["mean_accepted"] <= 3
     eagle2_data = replace(data, config=replace(data.config, **TREES))
     with pytest.raises(ValueError, match="chain"):
         acceptance_by_depth(make_drafter(target), eagle2_data, head)

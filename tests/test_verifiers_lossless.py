@@ -29,14 +29,6 @@ ROOT = 0
 SAMPLING = [name for name in VERIFIERS if VERIFIERS.get(name).sampling]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Thousands of tiny tensor ops: intra-op threads only add contention on a shared machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 # --------------------------------------------------------------------------------------------------- toy tables
 @functools.lru_cache(maxsize=None)

@@ -42,20 +42,24 @@ def acceptance_by_depth(
         levels = TreeLevels.from_batch(batch)
         out = unroll(model, batch["input_ids"], batch["target_hidden_states"], batch["attention_mask"], levels)
         d2t = model.d2t
-        ctx_ok = d2t[out.context_logits.argmax(-1)] == target_head.log_probs(batch["label_hidden"]).argmax(-1)
         node_ok = None
         if out.node_logits is not None:
-            node_ok = d2t[out.node_logits.argmax(-1)] == target_head.log_probs(batch["node_label_hidden"]).argmax(-1)
+            node_ok = torch.zeros_like(levels.valid)
+            valid = levels.valid
+            node_ok[valid] = d2t[out.node_logits[valid].argmax(-1)] == _target_argmax(
+                target_head, batch["node_label_hidden"][valid])
         for b, row in enumerate(picked):
-            table = torch.full((ctx_ok.shape[1], depth), -1, dtype=torch.long)
-            roots = torch.tensor(row["tree_roots"], dtype=torch.long) - 1
+            roots = torch.tensor(row["tree_roots"], dtype=torch.long, device=device) - 1
             if roots.numel() == 0:
                 continue
-            table[roots, 0] = ctx_ok[b, roots].long().cpu()
+            table = torch.full((batch["input_ids"].shape[1], depth), -1, dtype=torch.long)
+            root_ok = d2t[out.context_logits[b, roots].argmax(-1)] == _target_argmax(
+                target_head, batch["label_hidden"][b, roots])
+            table[roots.cpu(), 0] = root_ok.long().cpu()
             if node_ok is not None:
                 valid = levels.valid[b]
                 table[levels.roots[b][valid].cpu(), levels.depth[b][valid].cpu()] = node_ok[b][valid].long().cpu()
-            results.append(table[roots])
+            results.append(table[roots.cpu()])
     model.train(was_training)
     if not results:
         raise ValueError("the evaluation data holds no tree roots.")
@@ -74,3 +78,8 @@ def acceptance_by_depth(
     summary["mean_accepted"] = round(float(leading.mean()), 4)
     summary["tau_chain"] = round(1.0 + float(leading.mean()), 4)
     return summary
+
+
+def _target_argmax(head: TargetHead, hidden: torch.Tensor) -> torch.Tensor:
+    """The target's greedy token (full vocabulary: a token outside the draft vocabulary cannot be drafted)."""
+    return head.log_probs(hidden).argmax(-1)
