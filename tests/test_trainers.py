@@ -308,7 +308,8 @@ def test_resume_from_checkpoint_reproduces_the_run(target, talf_data, tmp_path):
 
 
 def test_acceptance_by_depth_on_chain_data(target, tokenizer, tmp_path):
-    config = PrepareConfig(chunk_size=8, tree_policy="chain", tree_params={"tree_depth": 3}, tree_positions=None)
+    config = PrepareConfig(chunk_size=8, tree_policy="chain", tree_params={"tree_depth": 3}, tree_positions=None,
+                           storage_dtype="float32")
     prepare_dataset(target, tokenizer, conversations(3, seed=5), tmp_path, config, progress=False)
     data = load_prepared(tmp_path)
     head = TargetHead.from_target(target)
