@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
+from transformers import StoppingCriteria, StoppingCriteriaList
 
 from hf_treespec.drafters import as_drafter
 from hf_treespec.tree import DraftTree
