@@ -45,12 +45,6 @@ TEMPLATE = ("{% for m in messages %}{{ m['role'][0] | upper }}+{{ m['content'] }
             "{% if add_generation_prompt %}A+{% endif %}")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
