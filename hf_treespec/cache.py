@@ -15,8 +15,16 @@ from .attention import float_mask
 from .tree import DraftTree
 
 
-def keep_rows(cache: DynamicCache, rows: torch.Tensor) -> None:
-    """Keeps the sequence rows ``rows`` (ascending) of every layer of ``cache`` in place."""
+def keep_rows(cache: DynamicCache, start: int, rows: torch.Tensor) -> None:
+    """Keeps the first ``start`` rows and the rows ``start + rows`` (ascending) of every layer of ``cache``, in place.
+
+    Only the kept tree rows are moved (written right after the prefix); the rest is cut with a view, as
+    ``DynamicCache.crop`` does, so a step costs O(accepted rows), not a copy of the whole cache. A chain whose
+    accepted rows already follow the prefix moves nothing.
+    """
+    rows = rows.cpu()
+    count = int(rows.numel())
+    in_place = bool(torch.equal(rows, torch.arange(count)))
     for layer in cache.layers:
         if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
             raise ValueError(
@@ -25,8 +33,12 @@ def keep_rows(cache: DynamicCache, rows: torch.Tensor) -> None:
             )
         if layer.keys is None or layer.keys.numel() == 0:
             continue
-        layer.keys = layer.keys.index_select(-2, rows.to(layer.keys.device))
-        layer.values = layer.values.index_select(-2, rows.to(layer.values.device))
+        if not in_place:
+            source = (start + rows).to(layer.keys.device)
+            layer.keys[..., start : start + count, :] = layer.keys.index_select(-2, source)
+            layer.values[..., start : start + count, :] = layer.values.index_select(-2, source)
+        layer.keys = layer.keys[..., : start + count, :]
+        layer.values = layer.values[..., : start + count, :]
 
 
 class TreeKV:
@@ -97,7 +109,7 @@ class TreeKV:
         if not bool((rows[:num_cached] >= 0).all()):
             raise RuntimeError("fed nodes of an accepted path must form a prefix of it")
         if self._row_uids.numel():
-            keep_rows(self.cache, torch.cat([torch.arange(self.committed), self.committed + rows[:num_cached]]))
+            keep_rows(self.cache, self.committed, rows[:num_cached])
         self.committed += num_cached
         self.pending = torch.cat([self.pending, tree.tokens[accepted[num_cached:]].cpu()])
         self._row_uids = self._row_uids[:0]

@@ -51,7 +51,8 @@ class PromptLookupDrafter(Drafter):
         pad[n_max - min(n_max, self.context.numel()):] = self.context[-n_max:] if self.context.numel() else pad[:0]
         seqs = torch.cat([pad.expand(nodes.numel(), -1), paths], dim=1)
         end = n_max + depth + 1  # exclusive end of each node's sequence
-        counts = torch.zeros(nodes.numel(), self.vocab_size)
+        vocab = self.vocab_size
+        keys = []  # row * vocab + proposed token, one per hit
         found = torch.zeros(nodes.numel(), dtype=torch.bool)
         for n in range(n_max, self.min_ngram_size - 1, -1):
             if haystack.numel() <= n:
@@ -63,9 +64,14 @@ class PromptLookupDrafter(Drafter):
             if not bool(rows.any()):
                 continue
             hit_rows, hit_pos = (hits & rows[:, None]).nonzero(as_tuple=True)
-            counts.index_put_((hit_rows, haystack[hit_pos + n]), torch.ones(hit_rows.numel()), accumulate=True)
+            keys.append(hit_rows * vocab + haystack[hit_pos + n])
             found |= rows
-        return counts.log()  # log 0 = -inf: no proposal
+        # log-counts written only where a token was seen: no full-vocabulary arithmetic on the hot path
+        scores = torch.full((nodes.numel() * vocab,), float("-inf"))  # log 0: no proposal
+        if keys:
+            unique, counts = torch.cat(keys).unique(return_counts=True)
+            scores[unique] = counts.float().log()
+        return scores.view(nodes.numel(), vocab)
 
     def commit(self, tree: DraftTree, accepted: torch.Tensor, features: TargetFeatures | None = None) -> None:
         self.context = torch.cat([self.context, tree.tokens[accepted].cpu()])
