@@ -37,7 +37,9 @@ __all__ = [
     "PackagedFile",
     "Question",
     "ShareGPTSplits",
+    "SHIPPED_DRAFTERS",
     "default_cache_dir",
+    "default_drafter",
     "iter_sharegpt",
     "load_questions",
     "load_target",
@@ -132,6 +134,34 @@ def load_target(
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation=attn_implementation)
     return model.eval(), tokenizer
+
+
+#: target short name -> folder (under ``hf_treespec/assets_data/drafters``) of the drafter trained for it
+SHIPPED_DRAFTERS: dict[str, str] = {"smollm2-135m-instruct": "smollm2-135m-instruct"}
+
+
+def shipped_drafter_path(target: str = "smollm2-135m-instruct") -> Path:
+    """Folder (Hub layout: config.json, model.safetensors, README.md) of the drafter shipped for ``target``."""
+    from importlib import resources
+
+    if target not in SHIPPED_DRAFTERS:
+        raise ValueError(f"no drafter ships for {target!r}; shipped: {sorted(SHIPPED_DRAFTERS)}. Train one with "
+                         "`hf-treespec train ...` and load it with AutoModel.from_pretrained(folder).")
+    folder = Path(str(resources.files("hf_treespec") / "assets_data" / "drafters" / SHIPPED_DRAFTERS[target]))
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"the shipped drafter folder {folder} is missing its config.json; reinstall "
+                                "hf-treespec (the wheel carries it as package data).")
+    return folder
+
+
+def default_drafter(model: PreTrainedModel, target: str = "smollm2-135m-instruct",
+                    dtype: torch.dtype | None = None) -> PreTrainedModel:
+    """The feature drafter shipped for ``target``, tied to ``model``'s embeddings / LM head, ready for
+    ``model.generate(..., assistant_model=drafter, tree_policy="salf")``. ``dtype`` defaults to the model's."""
+    from .drafters.feature import TreeSpecDrafterModel
+
+    drafter = TreeSpecDrafterModel.from_pretrained(shipped_drafter_path(target), dtype=dtype or model.dtype)
+    return drafter.tie_to_target(model).to(model.device).eval()
 
 
 def _resolve_gguf(name_or_path: str) -> Path | None:

@@ -65,6 +65,8 @@ def test_repetition_penalty_and_no_repeat_ngram(target, drafters, prompt):
     kwargs = dict(do_sample=False, max_new_tokens=30, repetition_penalty=1.5, no_repeat_ngram_size=3)
     ref = target.generate(prompt, **kwargs)
     for policy in POLICIES:
+        if policy == "nde":  # needs a trained selector: test_nde.py covers it
+            continue
         out = target.generate(prompt, assistant_model=drafters["perturbed"], tree_policy=policy, **kwargs)
         assert torch.equal(out, ref), policy
 
@@ -210,6 +212,8 @@ def test_prompt_lookup_drafter_proposes_continuations_and_stays_exact(target):
     ids = torch.randint(0, 64, (1, 40))
     ref = target.generate(ids, do_sample=False, max_new_tokens=40)
     for policy in POLICIES:
+        if policy == "nde":  # needs a trained selector: test_nde.py covers it
+            continue
         out = target.generate(ids, do_sample=False, max_new_tokens=40, assistant_model=prompt_lookup(target),
                               tree_policy=policy, return_dict_in_generate=True)
         assert torch.equal(out.sequences, ref), policy

@@ -2,7 +2,8 @@
 
 Pipeline: :func:`prepare_dataset` (target hidden states + TALF target trees, chunked and resumable) ->
 :class:`EAGLETrainer` warm-up -> :class:`HASSTrainer` or :class:`TALFTrainer` -> :func:`acceptance_by_depth`.
-Command line: ``hf-treespec train {prepare,eagle,hass,talf,evaluate}`` (:mod:`.cli`).
+The NDE delay selector of ``tree_policy="nde"``: :func:`generate_nde_data` -> :class:`NDETrainer`.
+Command line: ``hf-treespec train {prepare,eagle,hass,talf,evaluate,nde-data,nde}`` (:mod:`.cli`).
 """
 
 from .chat import to_messages, tokenize_conversation
@@ -10,6 +11,8 @@ from .collators import DrafterCollator, EAGLECollator, HASSCollator, TALFCollato
 from .data import PreparedData, PrepareConfig, load_prepared, prepare_dataset
 from .evaluation import acceptance_by_depth
 from .losses import TargetHead
+from .nde import NDECollator, NDEConfig, NDETrainer, build_selector, throughput_objective
+from .nde_data import LatencyModel, NDEData, NDEDataConfig, generate_nde_data, load_nde_data, measure_latency
 from .target_trees import TargetTree, TreeRoot, grow_target_trees
 from .trainer import (
     DrafterTrainer,
@@ -31,4 +34,6 @@ __all__ = [
     "EAGLETrainer", "HASSCollator", "HASSConfig", "HASSTrainer", "PrepareConfig", "PreparedData", "TALFCollator",
     "TALFConfig", "TALFTrainer", "TargetHead", "TargetTree", "TreeLevels", "TreeRoot", "acceptance_by_depth",
     "grow_target_trees", "load_prepared", "prepare_dataset", "to_messages", "tokenize_conversation", "unroll",
+    "LatencyModel", "NDECollator", "NDEConfig", "NDEData", "NDEDataConfig", "NDETrainer", "build_selector",
+    "generate_nde_data", "load_nde_data", "measure_latency", "throughput_objective",
 ]

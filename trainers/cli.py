@@ -7,6 +7,9 @@
     hf-treespec train eagle    --data runs/data/train --output-dir runs/eagle                  # warm-up
     hf-treespec train talf     --data runs/data/train --init runs/eagle --output-dir runs/talf
     hf-treespec train evaluate --data runs/data/dev --drafter runs/talf                        # acceptance per depth
+    hf-treespec train nde-data --split train --num-prompts 50 --drafter truncated:6 --temperature 1.0 \
+        --output runs/nde/data-t1                                                           # NDE selector data
+    hf-treespec train nde      --data runs/nde/data-t1 --output-dir runs/nde               # -> tree_selector=
 """
 
 from __future__ import annotations
@@ -23,13 +26,16 @@ TALF_TREE = {"tree_topk": 4, "tree_depth": 3}
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Adds ``train`` and its subcommands to the ``hf-treespec`` parser; each sets ``handler``."""
-    parser = subparsers.add_parser("train", help="train TreeSpec feature drafters (EAGLE, HASS, TALF)",
+    parser = subparsers.add_parser("train", help="train TreeSpec feature drafters (EAGLE, HASS, TALF) and the NDE "
+                                                 "delay selector",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="train_command", required=True, metavar="STEP")
     _add_prepare(commands)
     for name in ("eagle", "hass", "talf"):
         _add_train(commands, name)
     _add_evaluate(commands)
+    _add_nde_data(commands)
+    _add_nde(commands)
     return parser
 
 
@@ -319,4 +325,166 @@ def run_evaluate(args: argparse.Namespace) -> int:
         print(json.dumps({folder: results[folder]}))
     if args.output:
         Path(args.output).write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------------- NDE
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _add_nde_data(commands) -> None:
+    p = commands.add_parser("nde-data", help="offline block-efficiency / step-time estimates per (k, l1, l2) action "
+                                             "for the NDE delay selector", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    _common(p)
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--split", default="train", choices=["train", "dev"], help="ShareGPT split (first user turns)")
+    source.add_argument("--questions", default=None, help="an MT-bench / Spec-Bench style question.jsonl instead")
+    p.add_argument("--skip", type=int, default=0, help="skip the first N prompts of the source")
+    p.add_argument("--num-prompts", type=int, default=50)
+    p.add_argument("--max-prompt-length", type=int, default=1536, help="skip prompts longer than this (tokens)")
+    p.add_argument("--drafter", required=True,
+                   help="truncated:K (target's first K layers), a feature drafter folder or a causal-LM checkpoint")
+    p.add_argument("--output", default=None, help="output folder (default: runs/nde/data-<split>-T<temperature>)")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"], help="target / drafter dtype")
+    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (verifier greedy)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=None, help="default off")
+    p.add_argument("--verifier", default=None, help="top-down verifier to estimate for (default: specinfer when "
+                                                    "sampling, greedy at temperature 0); specinfer, naivetree, nss")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="trajectory length per prompt")
+    p.add_argument("--root-every", type=int, default=16, help="a root every N generated tokens")
+    p.add_argument("--num-samples", type=int, default=8, help="delayed trees per root (drafting-noise average)")
+    p.add_argument("--trees-per-forward", type=int, default=4, help="samples merged into one target forward")
+    # trees of at most 3 + 4 x 4 = 19 drafts: on CPU a target forward grows with the tree (DESIGN.md calibration)
+    p.add_argument("--paths", type=_ints, default=[1, 2, 4], help="k values")
+    p.add_argument("--trunks", type=_ints, default=[0, 1, 2, 3], help="l1 values")
+    p.add_argument("--branches", type=_ints, default=[1, 2, 3, 4], help="l2 values")
+    p.add_argument("--chunk-size", type=int, default=5, help="prompts per resumable chunk")
+    p.add_argument("--latency-repeats", type=int, default=3, help="repeats per microbenchmark point")
+    p.add_argument("--latency-contexts", type=_ints, default=[64, 256, 768], help="context lengths benchmarked")
+    p.add_argument("--step-overhead", type=float, default=0.0,
+                   help="seconds per step outside the forwards (verification, bookkeeping) added to every action")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(handler=run_nde_data)
+
+
+def _nde_prompts(args, tokenizer) -> list:
+    from hf_treespec.assets import load_questions, sharegpt_prompts
+    from hf_treespec.benchmark.runner import build_prompt
+
+    limit = args.skip + args.num_prompts
+    questions = (load_questions(args.questions, limit) if args.questions else sharegpt_prompts(args.split, limit))
+    prompts = [build_prompt(tokenizer, q) for q in questions[args.skip :]]
+    return [ids for ids in prompts if ids.shape[1] <= args.max_prompt_length]
+
+
+def run_nde_data(args: argparse.Namespace) -> int:
+    import torch
+
+    from hf_treespec.assets import load_target
+    from hf_treespec.benchmark.runner import load_drafter
+    from hf_treespec.drafters import TreeSpecDrafterModel
+
+    from .nde_data import NDEDataConfig, generate_nde_data, load_nde_data, measure_latency
+
+    _threads(args)
+    verifier = args.verifier or ("greedy" if args.temperature == 0 else "specinfer")
+    config = NDEDataConfig(
+        paths=args.paths, trunks=args.trunks, branches=args.branches, verifier=verifier,
+        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_new_tokens=args.max_new_tokens,
+        root_every=args.root_every, num_samples=args.num_samples, trees_per_forward=args.trees_per_forward,
+        chunk_size=args.chunk_size, seed=args.seed, target=args.target, drafter=args.drafter,
+    )
+    tag = "questions" if args.questions else args.split
+    output = Path(args.output or f"runs/nde/data-{tag}-T{args.temperature:g}")
+    model, tokenizer = load_target(args.target, dtype={"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype])
+    drafter = load_drafter(args.drafter, model, args.dtype)
+    if isinstance(drafter, TreeSpecDrafterModel) and not drafter.is_attached:
+        drafter.tie_to_target(model)
+    prompts = _nde_prompts(args, tokenizer)
+    start = time.perf_counter()
+    latency = None
+    if not (output / "nde_data.json").is_file():
+        latency = measure_latency(model, drafter, contexts=args.latency_contexts, repeats=args.latency_repeats,
+                                  overhead=args.step_overhead)
+    generate_nde_data(model, drafter, prompts, output, config, latency=latency, progress=not args.no_progress)
+    data = load_nde_data(output)
+    columns = data.dataset.with_format("torch")[:]
+    tau, seconds = columns["block_efficiency"].double(), columns["seconds"].double()
+    static = (tau.sum(0) / seconds.sum(0))
+    best = int(static.argmax())
+    oracle = float(tau.gather(1, (tau / seconds).argmax(1, keepdim=True)).sum()
+                   / seconds.gather(1, (tau / seconds).argmax(1, keepdim=True)).sum())
+    summary = {"output": str(output), "prompts": len(prompts), "roots": len(data),
+               "prompts_dropped": args.num_prompts - len(prompts),  # too long, or the source ran out
+               "seconds": round(time.perf_counter() - start, 1), "actions": len(data.actions),
+               "best_static_action": list(data.actions[best]), "best_static_tau": round(float(tau[:, best].mean()), 3),
+               "best_static_tokens_per_s": round(float(static[best]), 2),
+               "per_root_oracle_tokens_per_s": round(oracle, 2)}
+    print(json.dumps(summary))
+    return 0
+
+
+def _add_nde(commands) -> None:
+    p = commands.add_parser("nde", help="train the NDE delay selector (tree_policy='nde') on nde-data",
+                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    p.add_argument("--data", required=True, action="append", help="nde-data folder (repeatable: e.g. temperatures)")
+    p.add_argument("--eval-data", default=None, action="append", help="held-out nde-data folder (repeatable)")
+    p.add_argument("--output-dir", default="runs/nde", help="checkpoints and the final selector folder")
+    p.add_argument("--epochs", type=float, default=20.0)
+    p.add_argument("--max-steps", type=int, default=-1, help="overrides --epochs when > 0")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--batch-size", type=int, default=64, help="roots per step")
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--penalty-weight", type=float, default=1.0, help="lambda of the regression penalty")
+    p.add_argument("--penalty-fraction", type=float, default=0.1, help="rho: worst share of a minibatch penalised")
+    p.add_argument("--baseline-action", default=None,
+                   help="static baseline k,l1,l2 (default: best static action per sampling setting)")
+    p.add_argument("--shared-dim", type=int, default=64, help="d, projection width of the hidden-state input")
+    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--no-hidden", action="store_true", help="scalar features only (no target hidden state)")
+    p.add_argument("--latency-features", action="store_true",
+                   help="also feed the measured draft / target latencies (useful when --data mixes machines)")
+    p.add_argument("--logging-steps", type=int, default=20)
+    p.add_argument("--save-steps", type=int, default=0, help="checkpoint every N steps (0 = every epoch)")
+    p.add_argument("--save-total-limit", type=int, default=2)
+    p.add_argument("--resume", nargs="?", const="last", default=None,
+                   help="resume from a checkpoint folder, or the last one in --output-dir")
+    p.add_argument("--seed", type=int, default=42)
+    p.set_defaults(handler=run_nde)
+
+
+def run_nde(args: argparse.Namespace) -> int:
+    from .nde import NDEConfig, NDETrainer, build_selector
+    from .nde_data import load_nde_data
+
+    _threads(args)
+    data = load_nde_data(args.data)
+    eval_data = load_nde_data(args.eval_data) if args.eval_data else None
+    selector = build_selector(data, shared_dim=args.shared_dim, dropout=args.dropout, use_hidden=not args.no_hidden,
+                              latency_features=args.latency_features)
+    training_args = NDEConfig(
+        output_dir=args.output_dir, num_train_epochs=args.epochs, max_steps=args.max_steps, learning_rate=args.lr,
+        per_device_train_batch_size=args.batch_size, weight_decay=args.weight_decay,
+        penalty_weight=args.penalty_weight, penalty_fraction=args.penalty_fraction,
+        baseline_action=args.baseline_action, logging_steps=args.logging_steps, use_cpu=True,
+        save_strategy="steps" if args.save_steps else "epoch", save_steps=args.save_steps or 500,
+        save_total_limit=args.save_total_limit, eval_strategy="epoch" if eval_data is not None else "no",
+        seed=args.seed, disable_tqdm=args.no_progress, dataloader_num_workers=0,
+    )
+    trainer = NDETrainer(selector, training_args, train_dataset=data, eval_dataset=eval_data)
+    resume = _last_checkpoint(args.output_dir) if args.resume == "last" else args.resume
+    start = time.perf_counter()
+    result = trainer.train(resume_from_checkpoint=resume)
+    trainer.save_model(args.output_dir)
+    summary = {"output_dir": args.output_dir, "steps": result.global_step, "roots": len(data),
+               "train_loss": round(result.training_loss, 4), "seconds": round(time.perf_counter() - start, 1),
+               "baseline_actions": selector.config.baseline_actions}
+    if eval_data is not None:
+        summary["eval"] = {k: round(v, 4) for k, v in trainer.evaluate().items() if isinstance(v, float)}
+    (Path(args.output_dir) / "training_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary))
     return 0

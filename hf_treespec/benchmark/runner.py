@@ -28,7 +28,8 @@ from typing import Any, Callable, Iterator
 import torch
 from tqdm.auto import tqdm
 
-from ..drafters import prompt_lookup, truncated
+from ..assets import default_drafter
+from ..drafters import TreeSpecDrafterModel, prompt_lookup, truncated
 from ..generation import enable
 from .methods import (
     BenchMethod,
@@ -65,6 +66,7 @@ DATASETS: dict[str, Callable[[int | None], list]] = {"mtbench": _mtbench, "share
 DRAFTER_FACTORIES: dict[str, Callable[[torch.nn.Module, str], torch.nn.Module]] = {
     "truncated": lambda model, arg: truncated(model, int(arg)),
     "lookup": lambda model, arg: prompt_lookup(model, max_ngram_size=int(arg or 3)),
+    "default": lambda model, arg: default_drafter(model, target=arg or "smollm2-135m-instruct"),
 }
 
 
@@ -252,13 +254,14 @@ def load_model(name_or_path: str, dtype: str) -> tuple[torch.nn.Module, Any]:
 
 
 def load_drafter(spec: str, model: torch.nn.Module, dtype: str) -> torch.nn.Module:
-    """``truncated:k`` (the target's first k layers, no copy), or a checkpoint path / hub id.
+    """``truncated:k`` (the target's first k layers, no copy), ``lookup:n``, ``default`` (the drafter shipped for
+    the target), or a checkpoint path / hub id.
 
     A checkpoint whose config is a causal LM loads with ``AutoModelForCausalLM`` (``AutoModel`` would drop its LM
     head); anything else, e.g. a TreeSpec feature drafter registered with ``AutoModel``, loads with ``AutoModel``.
     """
     kind, sep, arg = spec.partition(":")
-    if sep and kind in DRAFTER_FACTORIES:
+    if (sep or kind == "default") and kind in DRAFTER_FACTORIES:
         try:
             return DRAFTER_FACTORIES[kind](model, arg)
         except ValueError as error:
@@ -268,7 +271,10 @@ def load_drafter(spec: str, model: torch.nn.Module, dtype: str) -> torch.nn.Modu
 
     config = AutoConfig.from_pretrained(spec)
     loader = AutoModelForCausalLM if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING else AutoModel
-    return loader.from_pretrained(spec, dtype=DTYPES[dtype]).to(model.device).eval()
+    drafter = loader.from_pretrained(spec, dtype=DTYPES[dtype]).to(model.device).eval()
+    if isinstance(drafter, TreeSpecDrafterModel):
+        drafter.tie_to_target(model)  # a no-op unless the checkpoint left out the embeddings / LM head
+    return drafter
 
 
 def load_benchmark_questions(config: BenchmarkConfig) -> list:

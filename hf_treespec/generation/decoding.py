@@ -15,6 +15,7 @@ from ..cache import TreeKV
 from ..drafters.base import Drafter, TargetFeatures, as_drafter
 from ..features import capture_hidden_states
 from ..policies import POLICIES, TreePolicy
+from ..policies.context import RunningMean, StepContext, sampling_params
 from ..tree import DraftTree
 from ..verifiers import VERIFIERS, Verifier
 from .config import TreeSpecSettings
@@ -124,8 +125,27 @@ def tree_speculative_decoding(
 
     # prefill: the target's first token, chosen exactly as plain generate chooses it
     prompt_len = input_ids.shape[1]
-    layers = drafter.target_layers
-    capture = (lambda: capture_hidden_states(model, layers)) if layers else (lambda: nullcontext(None))
+    layers = tuple(drafter.target_layers or ())
+    # policies that read a StepContext also get the target's pre-norm last state (captured after the drafter's)
+    needs_context = policy.needs_step_context
+    captured = layers + ((-1,) if needs_context else ())
+    capture = (lambda: capture_hidden_states(model, captured)) if captured else (lambda: nullcontext(None))
+
+    def drafter_features(states, rows) -> TargetFeatures | None:
+        return TargetFeatures(torch.cat(states.parts[: len(layers)], -1)[0, rows]) if layers else None
+
+    temperature, top_p = sampling_params(generation_config)
+    draft_mean, target_mean = RunningMean(), RunningMean()
+
+    def step_context(states, probs_row: torch.Tensor, row: int) -> StepContext | None:
+        """What the next step's policy sees: the target at the root's parent (``row`` of the last forward)."""
+        if not needs_context:
+            return None
+        return StepContext(
+            target_probs=probs_row.softmax(-1), root_token=int(input_ids[0, -1]), context_length=input_ids.shape[1],
+            temperature=temperature, top_p=top_p, target_hidden=states.parts[-1][0, row],
+            draft_seconds=draft_mean.value, target_seconds=target_mean.value,
+        )
     with capture() as states:
         out = model(
             input_ids=input_ids,
@@ -139,7 +159,7 @@ def tree_speculative_decoding(
     processed = logits_processor(input_ids, logits)
     first = torch.multinomial(processed.softmax(-1), 1)[0] if do_sample else processed.argmax(-1)
     t0 = time.perf_counter()
-    drafter.start(input_ids[0], TargetFeatures(states.hidden_states[0]) if states else None)
+    drafter.start(input_ids[0], drafter_features(states, slice(None)))
     draft_seconds = time.perf_counter() - t0
     verify_seconds = 0.0
     accepted_lengths: list[int] = []
@@ -166,12 +186,16 @@ def tree_speculative_decoding(
         return done, count
 
     finished, _ = emit(first.view(1), processed, logits)
+    context = step_context(states, processed[0], -1)
     while not finished:
         root = int(input_ids[0, -1])
         source = WarpedDraftSource(drafter, logits_processor, input_ids)
         _sync(device)
         t0 = time.perf_counter()
-        tree: DraftTree = policy.build(source, root, device)
+        if needs_context:
+            tree: DraftTree = policy.build(source, root, device, context=context)
+        else:
+            tree = policy.build(source, root, device)
         _sync(device)
         t1 = time.perf_counter()
         nodes = torch.arange(tree.num_nodes, device=device)
@@ -182,6 +206,10 @@ def tree_speculative_decoding(
                 past_key_values=cache, use_cache=True,
             )
         target_kv.fed(tree, nodes)
+        if needs_context:
+            _sync(device)
+            target_mean.add(time.perf_counter() - t1)
+            draft_mean.add(t1 - t0, source.num_forwards)
         raw = out.logits[0].float()
         processed = process_tree_logits(logits_processor, input_ids, tree, nodes, raw)
         result = verifier.verify(tree, processed)
@@ -194,9 +222,10 @@ def tree_speculative_decoding(
         new_tokens = torch.cat([tree.tokens[accepted[1:]], torch.tensor([result.next_token], device=tree.device)])
         tree_sizes.append(tree.num_nodes - 1)
         target_kv.commit(tree, accepted)
-        drafter.commit(tree, accepted, TargetFeatures(states.hidden_states[0, accepted]) if states else None)
+        drafter.commit(tree, accepted, drafter_features(states, accepted))
         finished, count = emit(new_tokens, processed[accepted], raw[accepted])
         accepted_lengths.append(count)
+        context = step_context(states, processed[accepted[-1]], int(accepted[-1]))
 
     if streamer is not None:
         streamer.end()

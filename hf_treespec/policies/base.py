@@ -32,6 +32,8 @@ class TreePolicy(ABC):
     regime: ClassVar[str] = Regime.DETERMINISTIC
     default_verifier: ClassVar[str] = "nss"
     name: ClassVar[str] = ""
+    #: True for policies whose ``build`` takes ``context=`` (a `StepContext`, filled by the decoding loop per step)
+    needs_step_context: ClassVar[bool] = False
 
     def __init__(self, do_sample: bool = False, **params: Any):
         self.do_sample = do_sample

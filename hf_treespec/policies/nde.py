@@ -1,0 +1,381 @@
+"""NDE: delayed expansion whose shape (k, l1, l2) a small learned selector picks per step (delayed-expansion paper,
+Section 6 and Appendix E).
+
+Each step the policy first drafts q(. | root) (the first draft call every delayed tree makes anyway), computes the
+root features from it and from the :class:`~.context.StepContext` the decoding loop passes, and asks a
+:class:`DelaySelector` for the action with the highest probability of being the throughput-optimal one. It then grows
+the delayed tree of that shape exactly as ``tree_policy="delayed"`` does (trunk of l1 sampled tokens, k i.i.d. paths
+of l2 tokens from its tip), reusing q(. | root). The tree law given the chosen action is the delayed tree's, and the
+action depends only on the context and on q(. | root), never on the tokens drawn, so every verifier that is lossless
+for i.i.d. trees stays lossless.
+
+Features (both at inference and in the offline data of ``hf-treespec train nde-data``, through :func:`root_features`):
+the target's pre-norm last hidden state at the root's parent (standardised per dimension, projected, LayerNorm);
+and standardised scalars: entropy and top-1 probability of the target distribution p at the parent, log p(root),
+entropy and top-4 probabilities of the draft distribution q at the root, log context length, temperature, top-p and
+the log of the measured draft / target forward times (running means while decoding, the fitted microbenchmark in the
+data; ``hf-treespec train nde`` feeds them to the selector only with ``--latency-features``). The paper's draft hidden states and p/q divergences at the
+parent are left out: drafters expose no hidden state through the `Drafter` interface, and q at the parent exists only
+when the previous tree happened to expand that node (never after a fully accepted path), so a feature built on it
+would differ between training data and decoding.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from itertools import product
+from pathlib import Path
+from typing import Any, ClassVar, Iterable, NamedTuple
+
+import torch
+from torch import nn
+
+from ..randomness import Randomness
+from ..tree import DraftTree, Regime
+from .base import POLICIES, DraftSource, TreePolicy
+from .context import StepContext
+from .iid import grow_iid
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+SELECTOR_TYPE = "treespec_delay_selector"
+
+#: scalar root features, in the order :func:`root_features` returns them
+SCALAR_FEATURES: tuple[str, ...] = (
+    "target_entropy", "target_top1", "root_target_logprob",
+    "draft_entropy", "draft_top1", "draft_top2", "draft_top3", "draft_top4",
+    "log_context_length", "temperature", "top_p", "log_draft_seconds", "log_target_seconds",
+)
+#: the measured-latency features: hardware-aware, but on one machine they vary only with the context length
+LATENCY_FEATURES: tuple[str, ...] = ("log_draft_seconds", "log_target_seconds")
+#: hidden-state inputs the policy can provide
+HIDDEN_FEATURES: tuple[str, ...] = ("target_hidden",)
+_LOG_FLOOR = -30.0
+
+HOW_TO_TRAIN = (
+    "Make one with `hf-treespec train nde-data --drafter <drafter> --output runs/nde/data ...` (offline block-"
+    "efficiency estimates) and `hf-treespec train nde --data runs/nde/data --output-dir runs/nde`, then pass "
+    "tree_selector='runs/nde'. Without a selector, tree_policy='delayed' takes a fixed delay_trunk / tree_paths / "
+    "delay_branch."
+)
+
+
+class Action(NamedTuple):
+    """One delayed-expansion shape: k i.i.d. paths of l2 tokens after a sampled trunk of l1 tokens."""
+
+    paths: int  # k
+    trunk: int  # l1
+    branch: int  # l2
+
+    @property
+    def max_nodes(self) -> int:
+        """Draft nodes when no two paths coincide (the root excluded)."""
+        return self.trunk + self.paths * self.branch
+
+
+def action_space(
+    paths: Iterable[int] = (1, 2, 4, 8), trunks: Iterable[int] = (0, 1, 2, 3, 4), branches: Iterable[int] = (1, 2, 3, 4, 6)
+) -> list[Action]:
+    """The Cartesian product k x l1 x l2 (the paper's Equation 8) without duplicate trees: with k = 1 every (l1, l2)
+    of equal l1 + l2 is the same chain, so only the first such action (in product order) is kept."""
+    actions: list[Action] = []
+    chains: set[int] = set()
+    for k, l1, l2 in product(sorted(set(paths)), sorted(set(trunks)), sorted(set(branches))):
+        action = Action(int(k), int(l1), int(l2))
+        if action.paths < 1 or action.trunk < 0 or action.branch < 1:
+            raise ValueError(f"bad action {tuple(action)}: need k >= 1, l1 >= 0, l2 >= 1.")
+        if action.paths == 1:
+            if action.trunk + action.branch in chains:
+                continue
+            chains.add(action.trunk + action.branch)
+        actions.append(action)
+    if not actions:
+        raise ValueError("the action space is empty: give at least one k, one l1 and one l2.")
+    return actions
+
+
+# ---------------------------------------------------------------------------------------------------- features
+def _entropy(probs: torch.Tensor) -> float:
+    logp = torch.where(probs > 0, probs.log(), torch.zeros_like(probs))
+    return float(-(probs * logp).sum())
+
+
+def _log(value: float | None) -> float:
+    return math.log(value) if value is not None and value > 0 else math.nan
+
+
+def root_features(
+    target_probs: torch.Tensor, root_token: int, draft_probs: torch.Tensor, context_length: int, temperature: float,
+    top_p: float, draft_seconds: float | None, target_seconds: float | None,
+) -> torch.Tensor:
+    """``[len(SCALAR_FEATURES)]`` float32 scalar features of one root. Unknown latencies are NaN (the selector
+    replaces them by its training mean)."""
+    p = target_probs.detach().float()
+    q = draft_probs.detach().float()
+    top = q.topk(min(4, q.numel())).values.tolist()
+    top += [0.0] * (4 - len(top))
+    p_root = float(p[int(root_token)])
+    values = [
+        _entropy(p), float(p.max()), max(math.log(p_root), _LOG_FLOOR) if p_root > 0 else _LOG_FLOOR,
+        _entropy(q), *top,
+        math.log(max(int(context_length), 1)), float(temperature), float(top_p),
+        _log(draft_seconds), _log(target_seconds),
+    ]
+    return torch.tensor(values, dtype=torch.float32)
+
+
+def context_features(context: StepContext, draft_probs: torch.Tensor) -> torch.Tensor:
+    """:func:`root_features` of a decoding step."""
+    return root_features(context.target_probs, context.root_token, draft_probs, context.context_length,
+                         context.temperature, context.top_p, context.draft_seconds, context.target_seconds)
+
+
+# ---------------------------------------------------------------------------------------------------- selector
+@dataclass
+class DelaySelectorConfig:
+    """Architecture and action set of a :class:`DelaySelector` (saved as ``config.json``).
+
+    Args:
+        actions: the (k, l1, l2) actions the logits index.
+        scalar_features: names from :data:`SCALAR_FEATURES` the selector reads, in this order.
+        hidden_inputs: hidden-state inputs (names from :data:`HIDDEN_FEATURES`) -> width.
+        shared_dim: d, the width every hidden-state block is projected to.
+        mlp_hidden: the two hidden layers of the MLP (Appendix E: 512 and 32).
+        dropout: dropout after each hidden layer (training only).
+        clip: standardised features are clipped to [-clip, clip] (latencies measured online can stray far from
+            the microbenchmark of the training data).
+        standardised: whether the standardisation statistics were fitted (``fit_standardisation``).
+        verifier: the verifier the block-efficiency targets were estimated for.
+        baseline_actions: static baseline action per sampling setting (``"T=1.0,top_p=1.0"``) used in training.
+    """
+
+    actions: list[list[int]]
+    scalar_features: list[str] = field(default_factory=lambda: list(SCALAR_FEATURES))
+    hidden_inputs: dict[str, int] = field(default_factory=dict)
+    shared_dim: int = 64
+    mlp_hidden: list[int] = field(default_factory=lambda: [512, 32])
+    dropout: float = 0.1
+    clip: float = 5.0
+    standardised: bool = False
+    verifier: str | None = None
+    baseline_actions: dict[str, list[int]] = field(default_factory=dict)
+    selector_type: str = SELECTOR_TYPE
+
+    def __post_init__(self) -> None:
+        self.actions = [list(Action(*map(int, a))) for a in self.actions]
+        if not self.actions:
+            raise ValueError("DelaySelectorConfig.actions is empty.")
+        for a in self.actions:
+            if a[0] < 1 or a[1] < 0 or a[2] < 1:
+                raise ValueError(f"bad action {a}: need k >= 1, l1 >= 0, l2 >= 1.")
+        unknown = [n for n in self.scalar_features if n not in SCALAR_FEATURES]
+        if unknown:
+            raise ValueError(f"unknown scalar features {unknown}; known: {list(SCALAR_FEATURES)}.")
+        unknown = [n for n in self.hidden_inputs if n not in HIDDEN_FEATURES]
+        if unknown:
+            raise ValueError(f"unknown hidden inputs {unknown}; known: {list(HIDDEN_FEATURES)}.")
+        if not self.scalar_features and not self.hidden_inputs:
+            raise ValueError("the selector needs at least one scalar feature or hidden input.")
+        if len(self.mlp_hidden) != 2 or min(self.mlp_hidden) < 1 or self.shared_dim < 1:
+            raise ValueError("mlp_hidden must be two positive sizes and shared_dim positive.")
+        if self.selector_type != SELECTOR_TYPE:
+            raise ValueError(f"not a delay selector config (selector_type={self.selector_type!r}).")
+
+
+class DelaySelector(nn.Module):
+    """Categorical policy over delayed-expansion actions (Appendix E, Equation 10).
+
+    Every hidden-state input is standardised per dimension (statistics of the training data, stored as buffers),
+    projected to ``shared_dim`` and layer-normalised; the scalar features are standardised and clipped; everything
+    is concatenated into a two-hidden-layer GELU MLP (with dropout) that outputs one logit per action.
+    """
+
+    def __init__(self, config: DelaySelectorConfig):
+        super().__init__()
+        self.config = config
+        num_scalars = len(config.scalar_features)
+        self.register_buffer("scalar_mean", torch.zeros(num_scalars))
+        self.register_buffer("scalar_std", torch.ones(num_scalars))
+        self.projections = nn.ModuleDict()
+        for name, width in config.hidden_inputs.items():
+            self.register_buffer(f"{name}_mean", torch.zeros(width))
+            self.register_buffer(f"{name}_std", torch.ones(width))
+            self.projections[name] = nn.Sequential(nn.Linear(width, config.shared_dim), nn.LayerNorm(config.shared_dim))
+        width = config.shared_dim * len(config.hidden_inputs) + num_scalars
+        h1, h2 = config.mlp_hidden
+        self.mlp = nn.Sequential(
+            nn.Linear(width, h1), nn.GELU(), nn.Dropout(config.dropout),
+            nn.Linear(h1, h2), nn.GELU(), nn.Dropout(config.dropout),
+            nn.Linear(h2, len(config.actions)),
+        )
+
+    @property
+    def actions(self) -> list[Action]:
+        return [Action(*a) for a in self.config.actions]
+
+    def _standardise(self, x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+        z = (x.float() - mean) / std
+        return torch.nan_to_num(z, nan=0.0).clamp(-self.config.clip, self.config.clip)
+
+    def forward(self, scalars: torch.Tensor, **hidden: torch.Tensor) -> torch.Tensor:
+        """``scalars`` ``[B, len(scalar_features)]`` and one ``[B, width]`` tensor per hidden input -> ``[B, A]``."""
+        missing = set(self.config.hidden_inputs) - set(hidden)
+        if missing:
+            raise ValueError(f"the delay selector needs the hidden inputs {sorted(missing)}.")
+        parts = []
+        for name, projection in self.projections.items():
+            x = hidden[name]
+            if x.shape[-1] != self.config.hidden_inputs[name]:
+                raise ValueError(f"hidden input {name!r} has width {x.shape[-1]}, the selector was trained on "
+                                 f"{self.config.hidden_inputs[name]} (a different target model?).")
+            z = self._standardise(x, getattr(self, f"{name}_mean"), getattr(self, f"{name}_std"))
+            parts.append(projection(z))
+        parts.append(self._standardise(scalars, self.scalar_mean, self.scalar_std))
+        return self.mlp(torch.cat(parts, dim=-1))
+
+    @torch.no_grad()
+    def fit_standardisation(self, scalars: torch.Tensor, min_std: float = 1e-2, **hidden: torch.Tensor) -> None:
+        """Sets the per-feature mean / std from training rows (NaN entries ignored; ``min_std`` floors the std so
+        near-constant features, such as latencies on one machine, do not blow up)."""
+
+        def stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            x = x.float()
+            valid = ~torch.isnan(x)
+            count = valid.sum(0).clamp(min=1)
+            mean = torch.where(valid, x, 0.0).sum(0) / count
+            var = torch.where(valid, (x - mean) ** 2, 0.0).sum(0) / count
+            return mean, var.sqrt().clamp(min=min_std)
+
+        self.scalar_mean.copy_(stats(scalars)[0])
+        self.scalar_std.copy_(stats(scalars)[1])
+        for name in self.config.hidden_inputs:
+            mean, std = stats(hidden[name])
+            getattr(self, f"{name}_mean").copy_(mean)
+            getattr(self, f"{name}_std").copy_(std)
+        self.config.standardised = True
+
+    @torch.no_grad()
+    def select(self, scalars: torch.Tensor, **hidden: torch.Tensor) -> Action:
+        """The action of highest probability for one root (``scalars`` ``[S]``, hidden inputs ``[H]``)."""
+        logits = self(scalars[None], **{k: v[None] for k, v in hidden.items()})
+        return self.actions[int(logits[0].argmax())]
+
+    # ------------------------------------------------------------------------------------------ save / load
+    def save_pretrained(self, folder: str | Path) -> None:
+        """Writes ``config.json`` and ``model.safetensors`` (weights and standardisation statistics)."""
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / CONFIG_NAME).write_text(json.dumps(asdict(self.config), indent=2) + "\n")
+        state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
+        save_file(state, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
+
+    @classmethod
+    def from_pretrained(cls, folder: str | Path, device: torch.device | str | None = None) -> "DelaySelector":
+        from safetensors.torch import load_file
+
+        folder = Path(folder)
+        if not (folder / CONFIG_NAME).is_file() or not (folder / WEIGHTS_NAME).is_file():
+            raise ValueError(f"{folder} is not a delay selector folder (needs {CONFIG_NAME} and {WEIGHTS_NAME}). "
+                             + HOW_TO_TRAIN)
+        config = json.loads((folder / CONFIG_NAME).read_text())
+        if config.get("selector_type") != SELECTOR_TYPE:
+            raise ValueError(f"{folder / CONFIG_NAME} does not describe a delay selector (selector_type="
+                             f"{config.get('selector_type')!r}). " + HOW_TO_TRAIN)
+        selector = cls(DelaySelectorConfig(**config))
+        selector.load_state_dict(load_file(str(folder / WEIGHTS_NAME)))
+        return selector.to(device).eval() if device is not None else selector.eval()
+
+
+# ------------------------------------------------------------------------------------------------------ policy
+class _PrimedSource:
+    """A `DraftSource` whose first answer, q(. | root), is already known (the selector needed it)."""
+
+    def __init__(self, source: DraftSource, root_logprobs: torch.Tensor):
+        self.source = source
+        self._first: torch.Tensor | None = root_logprobs
+
+    def logprobs(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
+        if self._first is not None:
+            if nodes.numel() != 1 or int(nodes[0]) != 0:
+                raise RuntimeError("the primed draft source must first be asked for the root")
+            first, self._first = self._first, None
+            return first
+        return self.source.logprobs(tree, nodes)
+
+
+def grow_delayed(
+    tree: DraftTree, source: DraftSource, action: Action, record: bool, generator: Randomness = None
+) -> DraftTree:
+    """Grows a delayed tree of shape ``action`` from the root of ``tree`` (the ``delayed`` policy's construction)."""
+    one = torch.ones(1, dtype=torch.long, device=tree.device)
+    tree, tip = grow_iid(tree, source, one - 1, one, action.trunk, record, generator)
+    tree, _ = grow_iid(tree, source, tip, one * action.paths, action.branch, record, generator)
+    return tree
+
+
+def load_selector(selector: Any) -> DelaySelector:
+    """A :class:`DelaySelector` from the ``tree_selector`` generate kwarg (a folder or a selector)."""
+    if isinstance(selector, DelaySelector):
+        return selector.eval()
+    if isinstance(selector, (str, Path)):
+        return DelaySelector.from_pretrained(selector)
+    raise TypeError(f"tree_selector must be a delay selector folder or a DelaySelector, got "
+                     f"{type(selector).__name__}.")
+
+
+@POLICIES.register("nde")
+class NDEPolicy(TreePolicy):
+    """Delayed expansion with the (k, l1, l2) of each step chosen by a trained :class:`DelaySelector`
+    (``tree_selector``: its folder, or the module itself)."""
+
+    defaults: ClassVar[dict[str, Any]] = {"tree_selector": None}
+    regime = Regime.IID
+    default_verifier = "specinfer"
+    needs_step_context = True
+
+    def validate(self) -> None:
+        super().validate()
+        if self.params.get("tree_selector") is None:
+            raise ValueError("tree_policy='nde' needs a trained delay selector (tree_selector=...). " + HOW_TO_TRAIN)
+        self.selector = load_selector(self.params["tree_selector"])
+        wanted = set(self.selector.config.hidden_inputs) - set(HIDDEN_FEATURES)
+        if wanted:
+            raise ValueError(f"the selector reads hidden inputs {sorted(wanted)} that the nde policy cannot provide.")
+        self._scalar_index = [SCALAR_FEATURES.index(n) for n in self.selector.config.scalar_features]
+
+    @property
+    def is_chain(self) -> bool:
+        return all(a.paths == 1 for a in self.selector.actions)
+
+    @property
+    def needs_target_hidden(self) -> bool:
+        return "target_hidden" in self.selector.config.hidden_inputs
+
+    def choose(self, context: StepContext, draft_probs: torch.Tensor) -> Action:
+        """The selector's action for this root (``draft_probs``: q(. | root))."""
+        device = next(self.selector.parameters()).device
+        scalars = context_features(context, draft_probs)[self._scalar_index].to(device)
+        hidden = {}
+        if self.needs_target_hidden:
+            if context.target_hidden is None:
+                raise ValueError("this delay selector reads the target's hidden state at the root's parent, but the "
+                                 "step context carries none.")
+            hidden["target_hidden"] = context.target_hidden.detach().float().to(device)
+        return self.selector.select(scalars, **hidden)
+
+    def build(
+        self, source: DraftSource, root_token: int, device: torch.device, generator: Randomness = None,
+        context: StepContext | None = None,
+    ) -> DraftTree:
+        if context is None:
+            raise ValueError("tree_policy='nde' picks each tree's shape from the step context (target state at the "
+                             "root's parent, measured latencies): use it through generate(), or pass "
+                             "context=StepContext(...) when calling build by hand.")
+        tree = DraftTree.root(root_token, device=device, regime=self.regime)
+        root_logprobs = source.logprobs(tree, torch.zeros(1, dtype=torch.long, device=device))
+        action = self.choose(context, root_logprobs[0].exp())
+        return grow_delayed(tree, _PrimedSource(source, root_logprobs), action, self.do_sample, generator)
