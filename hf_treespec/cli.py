@@ -29,9 +29,10 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--model", default="smollm2-135m-instruct",
                         help="target: asset short name, checkpoint folder, .gguf file or hub id")
-    parser.add_argument("--drafter", default="truncated:6",
-                        help="truncated:K (target's first K layers), lookup:N (prompt-lookup tree drafting with n-grams up to N), "
-                             "a checkpoint path / hub id, or 'none'")
+    parser.add_argument("--drafter", default="default",
+                        help="default (the feature drafter shipped for --model: hf_treespec.assets.default_drafter), "
+                             "truncated:K (target's first K layers), lookup:N (prompt-lookup tree drafting with n-grams "
+                             "up to N), a checkpoint path / hub id, or 'none'")
     parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads for every method")
     source = parser.add_mutually_exclusive_group()

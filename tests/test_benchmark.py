@@ -202,6 +202,7 @@ def test_cli_parses_quick_preset_and_explicit_options():
         ("tree", "tree_budget", 16), ("salf", "salf_threshold", 0.3)]
     full = bench_config(parser.parse_args(["bench", "--drafter", "none"]))
     assert (full.max_new_tokens, full.num_questions, full.drafter, full.overrides) == (128, None, None, [])
+    assert bench_config(parser.parse_args(["bench"])).drafter == "default"
     assert (full.model, full.dtype, full.threads) == ("smollm2-135m-instruct", "bf16", 2)
 
 
@@ -232,6 +233,9 @@ def test_cli_main_end_to_end_on_saved_tiny_model(tiny, questions_file, tmp_path,
     assert main(["bench", "--model", str(folder), "--drafter", "truncated:99", "--questions", str(questions_file),
                  "--out", str(out)]) == 2
     assert "num_layers must be between 1 and 4" in capsys.readouterr().err
+    # the default drafter is the one shipped for the target: a target without one gets told what to pass instead
+    assert main(["bench", "--model", str(folder), "--questions", str(questions_file), "--out", str(out)]) == 2
+    assert "no drafter ships for" in capsys.readouterr().err
 
 
 @pytest.mark.real_model
@@ -246,3 +250,4 @@ def test_real_model_quick_smoke(tmp_path):
     assert methods["plain"]["speedup"] == 1.0 and methods["plain"]["tau"] == 1.0
     assert methods["tree:salf"]["tau"] > 1.0 and methods["tree:salf"]["compared"] == 2
     assert summary["settings"]["model_dtype"] == "bfloat16"
+    assert summary["settings"]["drafter_class"] == "TreeSpecDrafterModel"  # the shipped drafter is the default

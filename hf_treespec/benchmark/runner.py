@@ -76,7 +76,7 @@ class BenchmarkConfig:
     cannot run here; methods named explicitly must run or the benchmark fails."""
 
     model: str = "smollm2-135m-instruct"
-    drafter: str | None = "truncated:6"
+    drafter: str | None = "default"
     dtype: str = "bf16"
     threads: int = 2
     questions: str | None = None
@@ -361,7 +361,8 @@ def run_benchmark(
         labels["model"] = getattr(model, "name_or_path", "") or "(injected)"
     model.eval()
     if drafter is None and config.drafter:
-        drafter = load_drafter(config.drafter, model, config.dtype)
+        spec = f"default:{config.model}" if config.drafter == "default" else config.drafter
+        drafter = load_drafter(spec, model, config.dtype)
     elif drafter is not None:
         labels["drafter"] = getattr(drafter, "name_or_path", "") or "(injected)"
     if drafter is model:
