@@ -30,9 +30,15 @@ class CapturedStates:
 
     @property
     def hidden_states(self) -> torch.Tensor:
-        if any(p is None for p in self.parts):
+        return self.joined()
+
+    def joined(self, count: int | None = None) -> torch.Tensor:
+        """The first ``count`` captured tensors (all with None) concatenated on the last dim: callers that capture
+        extra layers after a drafter's (e.g. the pre-norm last state for a policy) take the drafter's part this way."""
+        parts = self.parts[:count]
+        if any(p is None for p in parts):
             raise RuntimeError("no forward ran inside capture_hidden_states")
-        return torch.cat(self.parts, dim=-1)
+        return torch.cat(parts, dim=-1)
 
 
 @contextmanager

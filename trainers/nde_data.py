@@ -436,7 +436,7 @@ def measure_latency(
         with (capture_hidden_states(model, layers) if layers else nullcontext(None)) as states:
             model(input_ids=ids[None, :context], position_ids=torch.arange(context, device=device)[None],
                   past_key_values=cache, use_cache=True, logits_to_keep=1)
-        features = TargetFeatures(torch.cat(states.parts, -1)[0]) if layers else None
+        features = TargetFeatures(states.hidden_states[0]) if layers else None
         kv = TreeKV(cache, committed=context)
         for nodes in target_nodes:
             tree = _star(int(ids[context]), torch.randint(0, vocab, (nodes - 1,), generator=generator), device)
@@ -621,7 +621,7 @@ def prompt_rows(
         out = model.get_decoder()(input_ids=sequence[None, :end], position_ids=torch.arange(end, device=device)[None],
                                   past_key_values=cache, use_cache=True)
     parent_hidden = states.parts[-1][0]
-    drafter_states = torch.cat(states.parts[: len(layers)], -1)[0] if layers else None
+    drafter_states = states.joined(len(layers))[0] if layers else None
     head = model.get_output_embeddings()
     generator = torch.Generator(device=device).manual_seed(config.seed * 1_000_003 + prompt_index)
     actions = config.actions

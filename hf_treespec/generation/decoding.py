@@ -132,7 +132,7 @@ def tree_speculative_decoding(
     capture = (lambda: capture_hidden_states(model, captured)) if captured else (lambda: nullcontext(None))
 
     def drafter_features(states, rows) -> TargetFeatures | None:
-        return TargetFeatures(torch.cat(states.parts[: len(layers)], -1)[0, rows]) if layers else None
+        return TargetFeatures(states.joined(len(layers))[0, rows]) if layers else None
 
     temperature, top_p = sampling_params(generation_config)
     draft_mean, target_mean = RunningMean(), RunningMean()
