@@ -74,6 +74,12 @@ class Action(NamedTuple):
         """Draft nodes when no two paths coincide (the root excluded)."""
         return self.trunk + self.paths * self.branch
 
+    def checked(self) -> "Action":
+        """Itself, after refusing shapes no tree has (k < 1, l1 < 0, l2 < 1)."""
+        if self.paths < 1 or self.trunk < 0 or self.branch < 1:
+            raise ValueError(f"bad action {tuple(self)}: need k >= 1, l1 >= 0, l2 >= 1.")
+        return self
+
 
 def action_space(
     paths: Iterable[int] = (1, 2, 4, 8), trunks: Iterable[int] = (0, 1, 2, 3, 4), branches: Iterable[int] = (1, 2, 3, 4, 6)
@@ -83,9 +89,7 @@ def action_space(
     actions: list[Action] = []
     chains: set[int] = set()
     for k, l1, l2 in product(sorted(set(paths)), sorted(set(trunks)), sorted(set(branches))):
-        action = Action(int(k), int(l1), int(l2))
-        if action.paths < 1 or action.trunk < 0 or action.branch < 1:
-            raise ValueError(f"bad action {tuple(action)}: need k >= 1, l1 >= 0, l2 >= 1.")
+        action = Action(int(k), int(l1), int(l2)).checked()
         if action.paths == 1:
             if action.trunk + action.branch in chains:
                 continue
@@ -164,12 +168,9 @@ class DelaySelectorConfig:
     selector_type: str = SELECTOR_TYPE
 
     def __post_init__(self) -> None:
-        self.actions = [list(Action(*map(int, a))) for a in self.actions]
+        self.actions = [list(Action(*map(int, a)).checked()) for a in self.actions]
         if not self.actions:
             raise ValueError("DelaySelectorConfig.actions is empty.")
-        for a in self.actions:
-            if a[0] < 1 or a[1] < 0 or a[2] < 1:
-                raise ValueError(f"bad action {a}: need k >= 1, l1 >= 0, l2 >= 1.")
         unknown = [n for n in self.scalar_features if n not in SCALAR_FEATURES]
         if unknown:
             raise ValueError(f"unknown scalar features {unknown}; known: {list(SCALAR_FEATURES)}.")
@@ -248,8 +249,9 @@ class DelaySelector(nn.Module):
             var = torch.where(valid, (x - mean) ** 2, 0.0).sum(0) / count
             return mean, var.sqrt().clamp(min=min_std)
 
-        self.scalar_mean.copy_(stats(scalars)[0])
-        self.scalar_std.copy_(stats(scalars)[1])
+        mean, std = stats(scalars)
+        self.scalar_mean.copy_(mean)
+        self.scalar_std.copy_(std)
         for name in self.config.hidden_inputs:
             mean, std = stats(hidden[name])
             getattr(self, f"{name}_mean").copy_(mean)
