@@ -173,11 +173,7 @@ def _add_train(commands, name: str) -> None:
     p.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp32"],
                    help="auto: bf16 autocast where supported (CPUs with avx512_bf16, recent GPUs)")
     p.add_argument("--logging-steps", type=int, default=10)
-    p.add_argument("--save-steps", type=int, default=0, help="checkpoint every N steps (0 = every epoch)")
-    p.add_argument("--save-total-limit", type=int, default=2)
-    p.add_argument("--resume", nargs="?", const="last", default=None,
-                   help="resume from a checkpoint folder, or the last one in --output-dir")
-    p.add_argument("--seed", type=int, default=42)
+    _add_checkpointing(p)
     if name in ("eagle", "hass"):
         p.add_argument("--ce-weight", type=float, default=0.1)
         p.add_argument("--feature-weight", type=float, default=1.0)
@@ -254,21 +250,16 @@ def run_train(args: argparse.Namespace) -> int:
         adam_beta2=defaults.get("adam_beta2", 0.999), weight_decay=args.weight_decay,
         per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=args.batch_size,
         gradient_accumulation_steps=args.grad_accum, max_grad_norm=args.max_grad_norm, bf16=bf16,
-        use_cpu=not torch.cuda.is_available(), logging_steps=args.logging_steps,
-        save_strategy="steps" if args.save_steps else "epoch", save_steps=args.save_steps or 500,
-        save_total_limit=args.save_total_limit, eval_strategy="epoch" if eval_data is not None else "no",
-        report_to="none", seed=args.seed, disable_tqdm=args.no_progress, dataloader_num_workers=0,
+        use_cpu=not torch.cuda.is_available(), logging_steps=args.logging_steps, report_to="none",
+        **_checkpoint_options(args, evaluate=eval_data is not None),
     )
     for name in ("ce_weight", "feature_weight", "unroll_steps", "distill_topk", "distill_weight"):
         if hasattr(args, name):
             options[name] = getattr(args, name)
     training_args = trainer_cls.config_class(**options)
     trainer = trainer_cls(drafter, training_args, target_model=target, train_dataset=data, eval_dataset=eval_data)
-    resume = args.resume
-    if resume == "last":
-        resume = _last_checkpoint(args.output_dir)
     start = time.perf_counter()
-    result = trainer.train(resume_from_checkpoint=resume)
+    result = trainer.train(resume_from_checkpoint=_resume_from(args))
     seconds = time.perf_counter() - start
     drafter.save_pretrained(args.output_dir)
     summary = {"objective": args.objective, "output_dir": args.output_dir, "steps": result.global_step,
@@ -278,6 +269,29 @@ def run_train(args: argparse.Namespace) -> int:
     (Path(args.output_dir) / "training_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary))
     return 0
+
+
+def _add_checkpointing(parser: argparse.ArgumentParser) -> None:
+    """Checkpoint / resume / seed flags every Trainer-backed subcommand takes (read by :func:`_checkpoint_options`)."""
+    parser.add_argument("--save-steps", type=int, default=0, help="checkpoint every N steps (0 = every epoch)")
+    parser.add_argument("--save-total-limit", type=int, default=2)
+    parser.add_argument("--resume", nargs="?", const="last", default=None,
+                        help="resume from a checkpoint folder, or the last one in --output-dir")
+    parser.add_argument("--seed", type=int, default=42)
+
+
+def _checkpoint_options(args: argparse.Namespace, evaluate: bool) -> dict[str, Any]:
+    """The ``TrainingArguments`` that :func:`_add_checkpointing`'s flags, ``--no-progress`` and eval data decide."""
+    return dict(
+        save_strategy="steps" if args.save_steps else "epoch", save_steps=args.save_steps or 500,
+        save_total_limit=args.save_total_limit, eval_strategy="epoch" if evaluate else "no", seed=args.seed,
+        disable_tqdm=args.no_progress, dataloader_num_workers=0,
+    )
+
+
+def _resume_from(args: argparse.Namespace) -> str | None:
+    """``--resume`` as ``resume_from_checkpoint``: a folder, the last checkpoint of ``--output-dir``, or None."""
+    return _last_checkpoint(args.output_dir) if args.resume == "last" else args.resume
 
 
 def _last_checkpoint(output_dir: str) -> str | None:
@@ -449,11 +463,7 @@ def _add_nde(commands) -> None:
     p.add_argument("--latency-features", action="store_true",
                    help="also feed the measured draft / target latencies (useful when --data mixes machines)")
     p.add_argument("--logging-steps", type=int, default=20)
-    p.add_argument("--save-steps", type=int, default=0, help="checkpoint every N steps (0 = every epoch)")
-    p.add_argument("--save-total-limit", type=int, default=2)
-    p.add_argument("--resume", nargs="?", const="last", default=None,
-                   help="resume from a checkpoint folder, or the last one in --output-dir")
-    p.add_argument("--seed", type=int, default=42)
+    _add_checkpointing(p)
     p.set_defaults(handler=run_nde)
 
 
@@ -471,14 +481,11 @@ def run_nde(args: argparse.Namespace) -> int:
         per_device_train_batch_size=args.batch_size, weight_decay=args.weight_decay,
         penalty_weight=args.penalty_weight, penalty_fraction=args.penalty_fraction,
         baseline_action=args.baseline_action, logging_steps=args.logging_steps, use_cpu=True,
-        save_strategy="steps" if args.save_steps else "epoch", save_steps=args.save_steps or 500,
-        save_total_limit=args.save_total_limit, eval_strategy="epoch" if eval_data is not None else "no",
-        seed=args.seed, disable_tqdm=args.no_progress, dataloader_num_workers=0,
+        **_checkpoint_options(args, evaluate=eval_data is not None),
     )
     trainer = NDETrainer(selector, training_args, train_dataset=data, eval_dataset=eval_data)
-    resume = _last_checkpoint(args.output_dir) if args.resume == "last" else args.resume
     start = time.perf_counter()
-    result = trainer.train(resume_from_checkpoint=resume)
+    result = trainer.train(resume_from_checkpoint=_resume_from(args))
     trainer.save_model(args.output_dir)
     summary = {"output_dir": args.output_dir, "steps": result.global_step, "roots": len(data),
                "train_loss": round(result.training_loss, 4), "seconds": round(time.perf_counter() - start, 1),
