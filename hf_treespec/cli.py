@@ -45,9 +45,12 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--top-k", type=int, default=None, help="sampling only; default off")
     parser.add_argument("--methods", default=None,
                         help="comma list; plain always runs as the baseline (default: all that can run): "
-                             + ", ".join(available_methods()))
+                             + ", ".join(available_methods())
+                             + ". A method may carry its own generate kwargs after '@' (they win over --set) and is "
+                             "then a row of its own, named as written: tree:iid@verifier=specinfer@tree_paths=4")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="METHOD.KEY=VALUE",
-                        help="generate kwarg for one method (salf.tree_budget=16), for every tree method whose "
+                        help="generate kwarg for one method and its @ variants (salf.tree_budget=16), for one variant "
+                             "by its full name (tree:iid@tree_paths=4.tree_depth=2), for every tree method whose "
                              "policy takes it (tree.tree_budget=16) or for all (*.KEY=VALUE); repeatable")
     parser.add_argument("--sweep", default=None, metavar="KEY=V1,V2,..",
                         help="re-run the tree methods for each value (e.g. tree_budget=8,16,32,60): cost curve")

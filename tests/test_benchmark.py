@@ -11,8 +11,8 @@ from transformers import PreTrainedTokenizerFast
 
 import hf_treespec
 from hf_treespec.benchmark import BenchmarkConfig, available_methods, run_benchmark, write_report
-from hf_treespec.benchmark.methods import parse_override, parse_sweep, parse_value
-from hf_treespec.benchmark.runner import divergence, plan_methods
+from hf_treespec.benchmark.methods import build_method, parse_override, parse_sweep, parse_value
+from hf_treespec.benchmark.runner import DRAFTER_FACTORIES, divergence, load_drafter, plan_methods
 from hf_treespec.cli import bench_config, build_parser, main
 
 from conftest import VOCAB, tiny_llama
@@ -181,6 +181,118 @@ def test_method_specific_override_wins_over_group(questions_file):
     assert [parse_value(v) for v in ("16", "0.5", "true", "none", "nss")] == [16, 0.5, True, None, "nss"]
 
 
+def test_method_name_carries_its_own_settings():
+    written = "tree:iid@verifier=specinfer@tree_paths=4@tree_depth=2"
+    method = build_method(written)
+    assert (method.name, method.label, method.base_name, method.policy) == (written, written, "tree:iid", "iid")
+    assert method.settings == {"verifier": "specinfer", "tree_paths": 4, "tree_depth": 2}
+    lookup = build_method("assisted_lookup@prompt_lookup_num_tokens=5")
+    assert lookup.name == "assisted_lookup@prompt_lookup_num_tokens=5"  # registered classes keep the written name too
+    assert lookup.settings == {"prompt_lookup_num_tokens": 5}
+    assert build_method("tree:chain@verifier=block").settings == {"verifier": "block"}
+    assert build_method("plain").settings == {} and build_method("plain").name == "plain"
+
+
+@pytest.mark.parametrize("name, match", [
+    ("tree:iid@tree_paths", "must be key=value"),
+    ("tree:iid@", "must be key=value"),
+    ("tree:iid@tree_paths=", "must be key=value"),
+    ("tree:iid@tree_paths=2@tree_paths=3", "sets 'tree_paths' twice"),
+    ("tree:iid@tree_budget=16", "tree:iid does not take 'tree_budget'; of the tree kwargs it takes verifier"),
+    ("plain@tree_depth=3", "plain does not take 'tree_depth'"),
+    ("nope@x=1", "Unknown benchmark method 'nope' in 'nope@x=1'"),
+    ("tree:nope@tree_depth=1", "Unknown tree policy"),
+])
+def test_malformed_or_inapplicable_variant_is_refused(name, match):
+    with pytest.raises(ValueError, match=match):
+        build_method(name)
+
+
+def test_variant_settings_win_over_set_and_set_can_name_a_variant(questions_file):
+    cfg = config(questions_file, methods=["tree:iid", "tree:iid@verifier=specinfer@tree_paths=4@tree_depth=2",
+                                          "tree:iid@tree_paths=2", "assisted_lookup@prompt_lookup_num_tokens=5"],
+                 overrides=[parse_override(o) for o in (
+                     "iid.verifier=traversal", "tree.tree_depth=7", "tree:iid.tree_depth=5",
+                     "tree:iid@tree_paths=2.tree_depth=3", "tree:iid@tree_paths=2.tree_paths=8",
+                     "*.repetition_penalty=1.1", "assisted_lookup.prompt_lookup_num_tokens=7")])
+    methods = {m.name: m for m in plan_methods(cfg)[0]}
+    # group < base method or policy < full variant name < the variant's own settings
+    assert methods["tree:iid"].generate_overrides == {"verifier": "traversal", "tree_depth": 5,
+                                                      "repetition_penalty": 1.1}
+    assert methods["tree:iid@verifier=specinfer@tree_paths=4@tree_depth=2"].generate_overrides == {
+        "verifier": "specinfer", "tree_depth": 2, "tree_paths": 4, "repetition_penalty": 1.1}
+    assert methods["tree:iid@tree_paths=2"].generate_overrides == {"verifier": "traversal", "tree_depth": 3,
+                                                                   "tree_paths": 2, "repetition_penalty": 1.1}
+    assert methods["assisted_lookup@prompt_lookup_num_tokens=5"].generate_overrides == {
+        "prompt_lookup_num_tokens": 5, "repetition_penalty": 1.1}
+    assert methods["plain"].generate_overrides == {"repetition_penalty": 1.1}
+    # a value and a variant name may both hold dots and '='
+    override = parse_override("tree:salf@salf_threshold=0.3.tree_selector=runs/a.b=c")
+    assert (override.selector, override.key, override.value) == ("tree:salf@salf_threshold=0.3", "tree_selector",
+                                                                 "runs/a.b=c")
+
+
+def test_duplicate_variants_and_unmatched_variant_override_are_refused(questions_file):
+    with pytest.raises(ValueError, match="'tree:chain' appears twice"):
+        plan_methods(config(questions_file, methods=["tree:chain", "tree:chain"]))
+    with pytest.raises(ValueError, match="same method with the same settings"):
+        plan_methods(config(questions_file, methods=["tree:iid@tree_paths=2@tree_depth=3",
+                                                     "tree:iid@tree_depth=3@tree_paths=2"]))
+    with pytest.raises(ValueError, match="'tree:salf@tree_budget=4' appears twice .a --sweep variant"):
+        plan_methods(config(questions_file, methods=["tree:salf", "tree:salf@tree_budget=4"],
+                            sweep=("tree_budget", [4, 8])))
+    with pytest.raises(ValueError, match="no method 'tree:iid@tree_paths=3'"):
+        plan_methods(config(questions_file, methods=["tree:iid@tree_paths=2"],
+                            overrides=[parse_override("tree:iid@tree_paths=3.tree_depth=2")]))
+
+
+def test_sweep_of_a_variant_appends_the_swept_setting(questions_file):
+    cfg = config(questions_file, methods=["tree:salf@salf_threshold=0.5", "tree:salf@tree_budget=4"],
+                 sweep=("tree_budget", [2]))
+    methods, swept = plan_methods(cfg)
+    names = [m.name for m in methods]
+    assert names[3:] == ["tree:salf@salf_threshold=0.5@tree_budget=2", "tree:salf@tree_budget=4@tree_budget=2"]
+    assert swept == {"tree:salf@salf_threshold=0.5@tree_budget=2": ("tree:salf@salf_threshold=0.5", 2),
+                     "tree:salf@tree_budget=4@tree_budget=2": ("tree:salf@tree_budget=4", 2)}
+    by_name = dict(zip(names, methods))
+    assert by_name["tree:salf@salf_threshold=0.5@tree_budget=2"].generate_overrides == {"salf_threshold": 0.5,
+                                                                                        "tree_budget": 2}
+    assert by_name["tree:salf@tree_budget=4@tree_budget=2"].generate_overrides == {"tree_budget": 2}  # sweep wins
+
+
+def test_variants_run_as_rows_of_their_own(tiny, questions_file, tmp_path):
+    """Each variant's settings reach generate: chain depth sets the tree size exactly; the iid variant's own paths
+    and depth beat the --set for iid (k=2 paths of length 3: at most 6 nodes; k=3 of length 4 would allow 12)."""
+    model, tokenizer, drafter = tiny
+    cfg = config(questions_file, methods=["tree:chain@tree_depth=2", "tree:chain@tree_depth=4", "tree:iid",
+                                          "tree:iid@tree_paths=2@tree_depth=3", "tree:salf@salf_threshold=0.5"],
+                 max_new_tokens=8, overrides=[parse_override("iid.tree_paths=3")], sweep=parse_sweep("tree_budget=3"))
+    result = run_benchmark(cfg, model=model, tokenizer=tokenizer, drafter=drafter)
+    summaries = {s.method: s for s in result.summaries()}
+    assert list(summaries) == ["plain", *cfg.methods, "tree:salf@salf_threshold=0.5@tree_budget=3"]
+    assert summaries["tree:chain@tree_depth=2"].mean_tree_size == 2.0
+    assert summaries["tree:chain@tree_depth=4"].mean_tree_size == 4.0
+    assert summaries["tree:iid@tree_paths=2@tree_depth=3"].mean_tree_size <= 6.0 < summaries["tree:iid"].mean_tree_size
+    swept = summaries["tree:salf@salf_threshold=0.5@tree_budget=3"]
+    assert (swept.base_method, swept.sweep_value, swept.mean_tree_size) == ("tree:salf@salf_threshold=0.5", 3, 3.0)
+    assert all(s.identical == 2 for name, s in summaries.items() if name != "plain")
+    table = (write_report(result, tmp_path / "variants") / "table.md").read_text()
+    assert "| tree:iid@tree_paths=2@tree_depth=3 |" in table and "| 3 | tree:salf@salf_threshold=0.5 |" in table
+
+
+def test_drafter_factories_get_the_target_name(tiny):
+    model, _, _ = tiny
+    assert set(DRAFTER_FACTORIES) == {"truncated", "lookup", "default"}
+    # default = the drafter shipped for the benchmarked target; default:<name> names another target
+    with pytest.raises(ValueError, match="--drafter 'default': no drafter ships for 'my-target'"):
+        load_drafter("default", model, "fp32", target_name="my-target")
+    with pytest.raises(ValueError, match="no drafter ships for 'other'"):
+        load_drafter("default:other", model, "fp32", target_name="my-target")
+    with pytest.raises(ValueError, match="expected a whole number after ':', got 'x'"):
+        load_drafter("truncated:x", model, "fp32")
+    assert load_drafter("truncated:2", model, "fp32") is not model
+
+
 def test_explicit_method_that_cannot_run_fails(tiny, questions_file):
     model, tokenizer, _ = tiny
     cfg = config(questions_file, methods=["plain", "tree:salf"], drafter=None)
@@ -200,6 +312,11 @@ def test_cli_parses_quick_preset_and_explicit_options():
     assert cfg.methods == ["plain", "tree:salf"] and cfg.sweep == ("tree_budget", [8, 16])
     assert [(o.selector, o.key, o.value) for o in cfg.overrides] == [
         ("tree", "tree_budget", 16), ("salf", "salf_threshold", 0.3)]
+    variants = bench_config(parser.parse_args(["bench", "--methods", "tree:iid@tree_paths=2@tree_depth=3,tree:iid",
+                                               "--set", "tree:iid@tree_paths=2.verifier=traversal"]))
+    assert variants.methods == ["tree:iid@tree_paths=2@tree_depth=3", "tree:iid"]
+    assert [(o.selector, o.key, o.value) for o in variants.overrides] == [
+        ("tree:iid@tree_paths=2", "verifier", "traversal")]
     full = bench_config(parser.parse_args(["bench", "--drafter", "none"]))
     assert (full.max_new_tokens, full.num_questions, full.drafter, full.overrides) == (128, None, None, [])
     assert bench_config(parser.parse_args(["bench"])).drafter == "default"

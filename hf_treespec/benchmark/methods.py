@@ -3,12 +3,15 @@
 Every method runs through the *same* ``model.generate`` with ``return_dict_in_generate=True``, so the only thing that
 differs between them is how tokens are proposed and verified. Peers use transformers' own assisted generation;
 ``tree:<policy>`` uses hf_treespec's tree speculation with the same drafter model as ``assisted_drafter``.
-Methods are looked up by name in `METHODS` (kinds) and built with :func:`build_method`.
+Methods are looked up by name in `METHODS` (kinds) and built with :func:`build_method`. A name may carry generate
+kwargs of its own after ``@`` (``tree:iid@verifier=specinfer@tree_paths=4``), so one run can compare several settings
+of the same method against one plain baseline; the whole name is the variant's label.
 """
 
 from __future__ import annotations
 
 import copy
+import re
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -21,6 +24,8 @@ from ..policies import POLICIES
 from ..registry import Registry
 
 TREE_PREFIX = "tree:"
+#: separates a method from its own settings: ``base@key=value@key=value``
+VARIANT_SEP = "@"
 #: the papers' policies first, in the order a reader compares them; any other registered policy follows
 PREFERRED_POLICY_ORDER = ("chain", "eagle2", "optimal", "salf")
 PEER_ORDER = ("plain", "assisted_lookup", "assisted_drafter")
@@ -43,27 +48,44 @@ class RunOutput:
 class BenchMethod:
     """A named way of calling ``generate``. Subclasses add their own kwargs in :meth:`method_kwargs`.
 
-    ``overrides`` are extra generate kwargs for this method only (``--set salf.tree_budget=16``); ``sweep`` is the
-    ``(key, value)`` this instance was built for in a cost-curve sweep, also applied as an override.
+    Three layers of extra generate kwargs, later ones winning: ``overrides`` from ``--set`` (``salf.tree_budget=16``);
+    ``variant``, the ``@key=value@...`` part of the method's name as written (``@verifier=specinfer``), parsed into
+    ``settings``; ``sweep``, the ``(key, value)`` this instance was built for in a cost-curve sweep.
+
+    ``base_name`` is the registered method (``tree:iid``), ``label`` the name as written (``tree:iid@tree_paths=4``)
+    and ``name`` the unique row label: the label, plus ``@key=value`` for sweep variants.
     """
 
     kind: ClassVar[str] = ""
     needs_drafter: ClassVar[bool] = False
 
-    def __init__(self, name: str, overrides: dict[str, Any] | None = None, sweep: tuple[str, Any] | None = None):
+    def __init__(self, name: str, overrides: dict[str, Any] | None = None, sweep: tuple[str, Any] | None = None,
+                 variant: str = ""):
         self.base_name = name
+        self.label = name + variant
+        self.settings = parse_variant(self.label, variant)
         self.sweep = sweep
         self.overrides = dict(overrides or {})
-        if sweep is not None:
-            self.overrides[sweep[0]] = sweep[1]
+        # an instance attribute: the method registry sets a class attribute ``name`` on registered classes
+        self.name = self.label if sweep is None else f"{self.label}{VARIANT_SEP}{sweep[0]}={sweep[1]}"
+        refused = [key for key in self.settings if not self.accepts(key)]
+        if refused:
+            taken = [key for key in TREE_GENERATION_KWARGS if self.accepts(key)]
+            raise ValueError(
+                f"method {self.label!r}: {self.base_name} does not take {', '.join(map(repr, refused))}; of the tree "
+                f"kwargs it takes {', '.join(taken) if taken else 'none'} (any other generate kwarg is passed on)."
+            )
 
     @property
-    def name(self) -> str:
-        """Unique label: the base name, plus ``@key=value`` for sweep variants."""
-        return self.base_name if self.sweep is None else f"{self.base_name}@{self.sweep[0]}={self.sweep[1]}"
+    def generate_overrides(self) -> dict[str, Any]:
+        """This method's own generate kwargs: ``--set`` values, then the name's settings, then the sweep value."""
+        kwargs = {**self.overrides, **self.settings}
+        if self.sweep is not None:
+            kwargs[self.sweep[0]] = self.sweep[1]
+        return kwargs
 
     def accepts(self, key: str) -> bool:
-        """Whether a group override / sweep of ``key`` applies to this method."""
+        """Whether a group override, a sweep or a ``@key=value`` setting of ``key`` applies to this method."""
         return key not in TREE_GENERATION_KWARGS
 
     def check(self, model: torch.nn.Module, drafter: torch.nn.Module | None) -> None:
@@ -82,7 +104,8 @@ class BenchMethod:
     def run(self, model: torch.nn.Module, input_ids: torch.Tensor, drafter: torch.nn.Module | None,
             **generate_kwargs: Any) -> RunOutput:
         """Runs and times one generate call; ``generate_kwargs`` carry the sampling / length settings shared by all."""
-        kwargs = {**generate_kwargs, **self.method_kwargs(drafter), **self.overrides, "return_dict_in_generate": True}
+        kwargs = {**generate_kwargs, **self.method_kwargs(drafter), **self.generate_overrides,
+                  "return_dict_in_generate": True}
         kwargs = {k: v for k, v in kwargs.items() if k not in ASSISTANT_CONFIG_KEYS}
         attention_mask = torch.ones_like(input_ids)
         with self.prepared(drafter):
@@ -141,7 +164,7 @@ class AssistedDrafter(BenchMethod):
 
     @contextmanager
     def prepared(self, drafter):
-        assistant_settings = {k: v for k, v in self.overrides.items() if k in ASSISTANT_CONFIG_KEYS}
+        assistant_settings = {k: v for k, v in self.generate_overrides.items() if k in ASSISTANT_CONFIG_KEYS}
         original = drafter.generation_config
         config = copy.deepcopy(original)
         for key, value in assistant_settings.items():
@@ -160,11 +183,11 @@ class TreeMethod(BenchMethod):
     kind = "tree"
     needs_drafter = True
 
-    def __init__(self, policy: str, overrides=None, sweep=None):
+    def __init__(self, policy: str, overrides=None, sweep=None, variant: str = ""):
         if policy not in POLICIES:
             raise ValueError(f"Unknown tree policy {policy!r} in 'tree:{policy}'. Valid: {', '.join(POLICIES.names())}.")
         self.policy = policy
-        super().__init__(TREE_PREFIX + policy, overrides, sweep)
+        super().__init__(TREE_PREFIX + policy, overrides, sweep, variant)
 
     def accepts(self, key: str) -> bool:
         return key == "verifier" or key in POLICIES.get(self.policy).defaults or key not in TREE_GENERATION_KWARGS
@@ -198,18 +221,41 @@ def available_methods() -> list[str]:
 
 def build_method(name: str, overrides: dict[str, Any] | None = None, sweep: tuple[str, Any] | None = None
                  ) -> BenchMethod:
-    """``plain`` / ``assisted_lookup`` / ``assisted_drafter`` / ``tree:<policy>`` -> a method instance."""
-    if name.startswith(TREE_PREFIX):
-        return TreeMethod(name[len(TREE_PREFIX):], overrides, sweep)
-    if name not in METHODS:
-        raise ValueError(f"Unknown benchmark method {name!r}. Valid: {', '.join(available_methods())}.")
-    return METHODS.get(name)(name, overrides, sweep)
+    """``plain`` / ``assisted_lookup`` / ``assisted_drafter`` / ``tree:<policy>`` -> a method instance; each may be
+    followed by its own settings, ``tree:iid@verifier=specinfer@tree_paths=4``."""
+    base, sep, settings = name.partition(VARIANT_SEP)
+    variant = sep + settings
+    if base.startswith(TREE_PREFIX):
+        return TreeMethod(base[len(TREE_PREFIX):], overrides, sweep, variant)
+    if base not in METHODS:
+        where = f" in {name!r}" if variant else ""
+        raise ValueError(f"Unknown benchmark method {base!r}{where}. Valid: {', '.join(available_methods())} "
+                         f"(each optionally followed by {VARIANT_SEP}key=value settings).")
+    return METHODS.get(base)(base, overrides, sweep, variant)
+
+
+def parse_variant(label: str, variant: str) -> dict[str, Any]:
+    """``@verifier=specinfer@tree_paths=4`` -> ``{"verifier": "specinfer", "tree_paths": 4}`` (values as
+    :func:`parse_value`); ``label`` is the full method name, for the error message."""
+    settings: dict[str, Any] = {}
+    for part in variant.split(VARIANT_SEP)[1:]:
+        key, sep, value = part.partition("=")
+        key = key.strip()
+        if not sep or not key or not value.strip():
+            raise ValueError(f"method {label!r}: each {VARIANT_SEP} part must be key=value (e.g. "
+                             f"tree:iid{VARIANT_SEP}verifier=specinfer{VARIANT_SEP}tree_paths=4); got {part!r}.")
+        if key in settings:
+            raise ValueError(f"method {label!r} sets {key!r} twice.")
+        settings[key] = parse_value(value)
+    return settings
 
 
 @dataclass
 class Override:
-    """One ``--set selector.key=value``. The selector is a method name, a policy name (``salf`` = ``tree:salf``),
-    ``tree`` (every tree method whose policy takes ``key``) or ``*`` (every method that takes ``key``)."""
+    """One ``--set selector.key=value``. The selector is a method name (``tree:salf``; with a named variant's full name,
+    ``tree:iid@tree_paths=4``, that variant only), a policy name (``salf`` = ``tree:salf``), ``tree`` (every tree
+    method whose policy takes ``key``) or ``*`` (every method that takes ``key``). A method name or policy name also
+    selects the named variants of that method."""
 
     selector: str
     key: str
@@ -219,12 +265,16 @@ class Override:
     def __post_init__(self):
         self.group = self.selector in ("tree", "*")
 
-    def applies_to(self, method_name: str, method: BenchMethod) -> bool:
+    def rank(self, method: BenchMethod) -> int | None:
+        """How specifically this override names ``method``: None (not at all), 0 as a group, 1 by its base method or
+        policy, 2 by its full variant name. A more specific override wins."""
         if self.selector == "*":
-            return method.accepts(self.key)
+            return 0 if method.accepts(self.key) else None
         if self.selector == "tree":
-            return isinstance(method, TreeMethod) and method.accepts(self.key)
-        return self.selector == method_name or TREE_PREFIX + self.selector == method_name
+            return 0 if isinstance(method, TreeMethod) and method.accepts(self.key) else None
+        if self.selector in (method.base_name, method.base_name.removeprefix(TREE_PREFIX)):
+            return 1
+        return 2 if self.selector == method.label else None
 
 
 def parse_value(text: str) -> Any:
@@ -242,16 +292,21 @@ def parse_value(text: str) -> Any:
     return text.strip()
 
 
+#: ``selector.key=value``: the first ``.key=`` ends the selector, so a variant's name (``tree:salf@salf_threshold=0.3``)
+#: and a value (``*.tree_selector=runs/a.b``) may contain dots and ``=``
+OVERRIDE_PATTERN = re.compile(r"(?P<selector>.+?)\.(?P<key>\w+)\s*=(?P<value>.*)", re.DOTALL)
+
+
 def parse_override(text: str) -> Override:
-    """Parses ``method.key=value`` (e.g. ``salf.tree_budget=16``, ``assisted_lookup.prompt_lookup_num_tokens=5``)."""
-    lhs, sep, value = text.partition("=")
-    selector, dot, key = lhs.strip().rpartition(".")
-    if not sep or not dot or not selector or not key:
+    """Parses ``method.key=value`` (e.g. ``salf.tree_budget=16``, ``assisted_lookup.prompt_lookup_num_tokens=5``,
+    ``tree:iid@tree_paths=4.tree_depth=2``)."""
+    match = OVERRIDE_PATTERN.fullmatch(text.strip())
+    if match is None:
         raise ValueError(
             f"--set expects method.key=value (e.g. salf.tree_budget=16, tree.tree_budget=16, "
             f"assisted_lookup.prompt_lookup_num_tokens=5); got {text!r}."
         )
-    return Override(selector, key, parse_value(value))
+    return Override(match["selector"].strip(), match["key"], parse_value(match["value"]))
 
 
 def parse_sweep(text: str) -> tuple[str, list[Any]]:
@@ -264,24 +319,37 @@ def parse_sweep(text: str) -> tuple[str, list[Any]]:
 
 
 def overrides_for(method: BenchMethod, overrides: list[Override]) -> dict[str, Any]:
-    """The kwargs that ``overrides`` set for ``method``; a group override never beats a method-specific one."""
-    selected: dict[str, Any] = {}
-    for override in sorted(overrides, key=lambda o: not o.group):  # groups first, specific ones win
-        if override.applies_to(method.base_name, method):
-            selected[override.key] = override.value
-    return selected
+    """The kwargs that ``overrides`` set for ``method``: a group override never beats one naming the method, and one
+    naming the base method never beats one naming the variant. (The variant's own settings beat all of them.)"""
+    ranked = [(rank, override) for override in overrides if (rank := override.rank(method)) is not None]
+    return {override.key: override.value for _, override in sorted(ranked, key=lambda pair: pair[0])}
 
 
-def check_overrides(overrides: list[Override], method_names: list[str]) -> None:
+def check_overrides(overrides: list[Override], methods: list[BenchMethod]) -> None:
     """Refuses a ``--set`` whose selector matches none of the methods being run (a typo would be silently ignored)."""
     for override in overrides:
-        if override.group:
+        if override.group or any(override.rank(method) is not None for method in methods):
             continue
-        if not any(override.selector == n or TREE_PREFIX + override.selector == n for n in method_names):
-            raise ValueError(
-                f"--set {override.selector}.{override.key}=...: no method {override.selector!r} in this run "
-                f"({', '.join(method_names)}). Use a method name, a policy name, 'tree' or '*'."
-            )
+        raise ValueError(
+            f"--set {override.selector}.{override.key}=...: no method {override.selector!r} in this run "
+            f"({', '.join(m.name for m in methods)}). Use a method name, a policy name, 'tree' or '*'."
+        )
+
+
+def check_distinct(methods: list[BenchMethod]) -> None:
+    """Refuses two methods with one name (their rows would mix) or one method listed twice under two names."""
+    names: set[str] = set()
+    runs: dict[tuple, str] = {}
+    for method in methods:
+        if method.name in names:
+            source = "a --sweep variant and a listed method" if method.sweep is not None else "--methods"
+            raise ValueError(f"method {method.name!r} appears twice ({source}); give each method a distinct name.")
+        names.add(method.name)
+        run = (method.base_name, frozenset(method.settings.items()), method.sweep)
+        if run in runs:
+            raise ValueError(f"methods {runs[run]!r} and {method.name!r} are the same method with the same settings; "
+                             "list it once.")
+        runs[run] = method.name
 
 
 def _sync(device: torch.device) -> None:

@@ -39,6 +39,7 @@ from .methods import (
     TreeMethod,
     available_methods,
     build_method,
+    check_distinct,
     check_overrides,
     overrides_for,
 )
@@ -62,18 +63,38 @@ def _sharegpt_dev(limit: int | None):
 
 #: --dataset name -> loader(limit) of question lists
 DATASETS: dict[str, Callable[[int | None], list]] = {"mtbench": _mtbench, "sharegpt-dev": _sharegpt_dev}
-#: --drafter "<kind>:<arg>" -> factory(target, arg); anything else is a checkpoint path or hub id
-DRAFTER_FACTORIES: dict[str, Callable[[torch.nn.Module, str], torch.nn.Module]] = {
-    "truncated": lambda model, arg: truncated(model, int(arg)),
-    "lookup": lambda model, arg: prompt_lookup(model, max_ngram_size=int(arg or 3)),
-    "default": lambda model, arg: default_drafter(model, target=arg or "smollm2-135m-instruct"),
+
+
+def _whole_number(arg: str, default: int | None = None) -> int:
+    """The ``N`` of ``--drafter kind:N`` (``default`` when it is left out, where the kind has one)."""
+    if not arg and default is not None:
+        return default
+    try:
+        return int(arg)
+    except ValueError:
+        raise ValueError(f"expected a whole number after ':', got {arg!r}.") from None
+
+
+def _default_drafter(model: torch.nn.Module, arg: str, target_name: str | None) -> torch.nn.Module:
+    """``default`` / ``default:<target>``: the drafter shipped for the named target, else for the loaded one."""
+    name = arg or target_name
+    return default_drafter(model) if name is None else default_drafter(model, target=name)
+
+
+#: --drafter "<kind>[:<arg>]" -> factory(target model, arg, target name as given to --model or None); any other spec
+#: is a checkpoint path or hub id
+DRAFTER_FACTORIES: dict[str, Callable[[torch.nn.Module, str, str | None], torch.nn.Module]] = {
+    "truncated": lambda model, arg, target_name: truncated(model, _whole_number(arg)),
+    "lookup": lambda model, arg, target_name: prompt_lookup(model, max_ngram_size=_whole_number(arg, default=3)),
+    "default": _default_drafter,
 }
 
 
 @dataclass
 class BenchmarkConfig:
     """What to measure. ``methods=None`` runs every available method, skipping (with the reason recorded) those that
-    cannot run here; methods named explicitly must run or the benchmark fails."""
+    cannot run here; methods named explicitly must run or the benchmark fails. A method name may carry its own
+    generate kwargs, ``tree:iid@verifier=specinfer@tree_paths=4`` (see :func:`~.methods.build_method`)."""
 
     model: str = "smollm2-135m-instruct"
     drafter: str | None = "default"
@@ -253,17 +274,18 @@ def load_model(name_or_path: str, dtype: str) -> tuple[torch.nn.Module, Any]:
     return enable(model), tokenizer
 
 
-def load_drafter(spec: str, model: torch.nn.Module, dtype: str) -> torch.nn.Module:
-    """``truncated:k`` (the target's first k layers, no copy), ``lookup:n``, ``default`` (the drafter shipped for
-    the target), or a checkpoint path / hub id.
+def load_drafter(spec: str, model: torch.nn.Module, dtype: str, target_name: str | None = None) -> torch.nn.Module:
+    """``truncated:k`` (the target's first k layers, no copy), ``lookup[:n]``, ``default[:<target>]`` (the drafter
+    shipped for ``target_name``, the name ``model`` was loaded from; without one, for SmolLM2-135M-Instruct), or a
+    checkpoint path / hub id.
 
     A checkpoint whose config is a causal LM loads with ``AutoModelForCausalLM`` (``AutoModel`` would drop its LM
     head); anything else, e.g. a TreeSpec feature drafter registered with ``AutoModel``, loads with ``AutoModel``.
     """
-    kind, sep, arg = spec.partition(":")
-    if (sep or kind == "default") and kind in DRAFTER_FACTORIES:
+    kind, _, arg = spec.partition(":")
+    if kind in DRAFTER_FACTORIES:
         try:
-            return DRAFTER_FACTORIES[kind](model, arg)
+            return DRAFTER_FACTORIES[kind](model, arg, target_name)
         except ValueError as error:
             raise ValueError(f"--drafter {spec!r}: {error}") from error
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
@@ -302,16 +324,14 @@ def build_prompt(tokenizer, question) -> torch.Tensor:
 
 
 def plan_methods(config: BenchmarkConfig) -> tuple[list[BenchMethod], dict[str, tuple[str, Any]]]:
-    """Methods to run (plain first: every ratio needs it), then one variant per sweep value of each tree method that
-    takes the swept key."""
+    """Methods to run (plain first: every ratio needs it; named variants such as ``tree:iid@tree_paths=4`` are
+    ordinary methods), then one variant per sweep value of each tree method that takes the swept key. Returns the
+    methods and, per sweep variant name, the method it was swept from and its value."""
     names = list(config.methods) if config.methods is not None else available_methods()
-    names = [BASELINE] + [n for n in dict.fromkeys(names) if n != BASELINE]
-    check_overrides(config.overrides, names)
-    methods = []
-    for name in names:
-        method = build_method(name)
+    methods = [build_method(name) for name in [BASELINE] + [n for n in names if n != BASELINE]]
+    check_overrides(config.overrides, methods)
+    for method in methods:
         method.overrides = overrides_for(method, config.overrides)
-        methods.append(method)
     variants: dict[str, tuple[str, Any]] = {}
     if config.sweep is not None:
         key, values = config.sweep
@@ -320,9 +340,10 @@ def plan_methods(config: BenchmarkConfig) -> tuple[list[BenchMethod], dict[str, 
             raise ValueError(f"--sweep {key}: no tree method in this run takes {key!r}.")
         for value in values:
             for base in swept:
-                variant = build_method(base.base_name, overrides_for(base, config.overrides), sweep=(key, value))
+                variant = build_method(base.label, overrides_for(base, config.overrides), sweep=(key, value))
                 methods.append(variant)
-                variants[variant.name] = (base.base_name, value)
+                variants[variant.name] = (base.label, value)
+    check_distinct(methods)
     return methods, variants
 
 
@@ -361,8 +382,7 @@ def run_benchmark(
         labels["model"] = getattr(model, "name_or_path", "") or "(injected)"
     model.eval()
     if drafter is None and config.drafter:
-        spec = f"default:{config.model}" if config.drafter == "default" else config.drafter
-        drafter = load_drafter(spec, model, config.dtype)
+        drafter = load_drafter(config.drafter, model, config.dtype, target_name=config.model)
     elif drafter is not None:
         labels["drafter"] = getattr(drafter, "name_or_path", "") or "(injected)"
     if drafter is model:
