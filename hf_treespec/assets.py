@@ -40,6 +40,8 @@ __all__ = [
     "SHIPPED_DRAFTERS",
     "default_cache_dir",
     "default_drafter",
+    "shipped_delay_selector_path",
+    "shipped_drafter_path",
     "iter_sharegpt",
     "load_questions",
     "load_target",
@@ -141,7 +143,8 @@ SHIPPED_DRAFTERS: dict[str, str] = {"smollm2-135m-instruct": "smollm2-135m-instr
 
 
 def shipped_drafter_path(target: str = "smollm2-135m-instruct") -> Path:
-    """Folder (Hub layout: config.json, model.safetensors, README.md) of the drafter shipped for ``target``."""
+    """Folder (Hub layout: config.json, model.safetensors, README.md; delay_selector/ for tree_policy="nde") of the
+    drafter shipped for ``target``."""
     from importlib import resources
 
     if target not in SHIPPED_DRAFTERS:
@@ -154,10 +157,24 @@ def shipped_drafter_path(target: str = "smollm2-135m-instruct") -> Path:
     return folder
 
 
+def shipped_delay_selector_path(target: str = "smollm2-135m-instruct") -> Path:
+    """Folder of the NDE delay selector trained for the drafter shipped for ``target`` (inside that drafter's folder,
+    which is where ``tree_policy="nde"`` looks when no ``tree_selector`` is given)."""
+    from .policies.nde import SELECTOR_SUBFOLDER
+
+    folder = shipped_drafter_path(target) / SELECTOR_SUBFOLDER
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"the shipped drafter for {target!r} carries no delay selector ({folder} is missing); "
+                                "reinstall hf-treespec, or train one with `hf-treespec train nde-data` and "
+                                "`hf-treespec train nde`.")
+    return folder
+
+
 def default_drafter(model: PreTrainedModel, target: str = "smollm2-135m-instruct",
                     dtype: torch.dtype | None = None) -> PreTrainedModel:
     """The feature drafter shipped for ``target``, tied to ``model``'s embeddings / LM head, ready for
-    ``model.generate(..., assistant_model=drafter, tree_policy="salf")``. ``dtype`` defaults to the model's."""
+    ``model.generate(..., assistant_model=drafter, tree_policy="salf")``; its bundled delay selector serves
+    ``tree_policy="nde"``. ``dtype`` defaults to the model's."""
     from .drafters.feature import TreeSpecDrafterModel
 
     drafter = TreeSpecDrafterModel.from_pretrained(shipped_drafter_path(target), dtype=dtype or model.dtype)

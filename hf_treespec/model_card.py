@@ -16,6 +16,8 @@ from huggingface_hub import ModelCard, ModelCardData
 
 TEMPLATE_NAME = "drafter_card.md"
 TAGS = ["hf-treespec", "speculative-decoding", "tree-speculation", "eagle", "draft-model"]
+#: what a card must say about a bundled delay selector (``make_card(delay_selector=...)``)
+SELECTOR_FIELDS = ("data", "objective", "results")
 
 
 def template_path() -> Path:
@@ -70,6 +72,7 @@ def make_card(
     repo_id: str | None = None,
     model_name: str | None = None,
     num_parameters: int | None = None,
+    delay_selector: Mapping[str, str] | None = None,
 ) -> ModelCard:
     """A Hub model card for a TreeSpec drafter.
 
@@ -82,12 +85,16 @@ def make_card(
         results: measured numbers, ``{metric: value}`` or ``{setting: {metric: value}}`` (tau, speedup, ...).
         command: the command that measured them.
         repo_id: Hub id the drafter is pushed to (used in the usage snippet and, by default, as the card title).
+        delay_selector: describes the NDE delay selector shipped in the drafter's ``delay_selector/`` folder (what
+            ``tree_policy="nde"`` uses by default): ``data``, ``objective`` and ``results`` (measured, with their
+            setting), optionally ``command``. Without it the card has no selector section.
     """
     if draft_vocab_size != drafter_config.draft_vocab_size:
         raise ValueError(f"draft_vocab_size={draft_vocab_size} but the drafter config has "
                          f"{drafter_config.draft_vocab_size}.")
     if not command.strip():
         raise ValueError("command must be the command line that produced the results.")
+    _check_delay_selector(delay_selector)
     datasets = [data] if isinstance(data, str) else list(data)
     model_name = model_name or repo_id or f"TreeSpec drafter for {base_model}"
     card_data = ModelCardData(
@@ -120,8 +127,22 @@ def make_card(
         objective=objective,
         results_table=results_table(results),
         command=command.strip(),
+        on_hub=repo_id is not None,
+        delay_selector=None if delay_selector is None else {"command": None, **delay_selector},
     )
     template = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True).from_string(
         template_path().read_text(encoding="utf-8")
     )
     return ModelCard(template.render(card_data=card_data.to_yaml(), **fields))
+
+
+
+def _check_delay_selector(description: Mapping[str, str] | None) -> None:
+    """The selector section is published only with its data, objective and measured results."""
+    if description is None:
+        return
+    missing = [k for k in SELECTOR_FIELDS if not str(description.get(k) or "").strip()]
+    unknown = sorted(set(description) - {*SELECTOR_FIELDS, "command"})
+    if missing or unknown:
+        raise ValueError(f"delay_selector must give non-empty {list(SELECTOR_FIELDS)} (and optionally 'command'); "
+                         f"missing {missing}, unknown {unknown}.")

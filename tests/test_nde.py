@@ -20,7 +20,10 @@ from transformers import GenerationConfig, PreTrainedTokenizerFast
 
 from hf_treespec.generation.decoding import resolve
 from hf_treespec.policies import POLICIES, DelaySelector, DelaySelectorConfig, StepContext
-from hf_treespec.policies.nde import SCALAR_FEATURES, Action, NDEPolicy, action_space, root_features
+from hf_treespec.drafters import as_drafter
+from hf_treespec.policies.nde import (
+    SCALAR_FEATURES, SELECTOR_SUBFOLDER, Action, NDEPolicy, action_space, root_features,
+)
 from hf_treespec.randomness import enumerate_outcomes
 from hf_treespec.tree import DraftTree, Regime
 from hf_treespec.trainers import (
@@ -171,6 +174,51 @@ def test_selector_folder_survives_generation_config_save(target, drafters, promp
     assert config.tree_selector == str(tmp_path / "sel")
     out = target.generate(prompt, generation_config=config, assistant_model=drafters["copy"])
     assert torch.equal(out, target.generate(prompt, do_sample=False, max_new_tokens=16))
+
+
+def saved_drafter_with_selector(drafter, folder, selector: DelaySelector | None):
+    """``drafter`` saved to ``folder`` (with ``selector`` in its ``delay_selector/``) and loaded back from there."""
+    from transformers import AutoModelForCausalLM
+
+    drafter.save_pretrained(folder)
+    if selector is not None:
+        selector.save_pretrained(folder / SELECTOR_SUBFOLDER)
+    return AutoModelForCausalLM.from_pretrained(folder).eval()
+
+
+def test_selector_shipped_with_the_drafter_is_the_default(target, drafters, prompt, tmp_path):
+    chain = ACTIONS.index(Action(1, 0, 1))  # one draft node per step: visible in tree_sizes
+    bundled = saved_drafter_with_selector(drafters["copy"], tmp_path / "drafter", fixed_selector(ACTIONS, chain))
+    assert as_drafter(bundled).bundled_path(SELECTOR_SUBFOLDER) == tmp_path / "drafter" / SELECTOR_SUBFOLDER
+    policy, verifier = resolve(GenerationConfig(do_sample=True, tree_policy="nde"), as_drafter(bundled))
+    assert policy.params["tree_selector"] == str(tmp_path / "drafter" / SELECTOR_SUBFOLDER)
+    assert policy.selector.actions == list(ACTIONS) and verifier.name == "specinfer"
+
+    ref = target.generate(prompt, do_sample=False, max_new_tokens=16)
+    out = target.generate(prompt, do_sample=False, max_new_tokens=16, assistant_model=bundled, tree_policy="nde",
+                          return_dict_in_generate=True)
+    assert torch.equal(out.sequences, ref) and set(out.tree_sizes) == {1}
+    # an explicit tree_selector wins over the bundled one
+    wide = ACTIONS.index(Action(3, 1, 2))
+    out = target.generate(prompt, do_sample=False, max_new_tokens=16, assistant_model=bundled, tree_policy="nde",
+                          tree_selector=fixed_selector(ACTIONS, wide), return_dict_in_generate=True)
+    assert torch.equal(out.sequences, ref) and max(out.tree_sizes) > 3
+    torch.manual_seed(0)
+    sampled = target.generate(prompt, do_sample=True, max_new_tokens=16, assistant_model=bundled, tree_policy="nde",
+                              return_dict_in_generate=True)
+    assert sampled.sequences.shape == (1, prompt.shape[1] + 16) and set(sampled.tree_sizes) == {1}
+
+
+def test_drafter_without_a_selector_gets_a_clear_error(target, drafters, prompt, tmp_path):
+    plain = saved_drafter_with_selector(drafters["copy"], tmp_path / "drafter", None)  # a folder, but no selector
+    for drafter in (plain, drafters["copy"], drafters["truncated"]):  # from a folder; in memory; a view of the target
+        assert as_drafter(drafter).bundled_path(SELECTOR_SUBFOLDER) is None
+        with pytest.raises(ValueError, match="tree_selector=.*delay_selector/.*hf-treespec train nde-data"):
+            target.generate(prompt, do_sample=True, max_new_tokens=4, assistant_model=drafter, tree_policy="nde")
+    # other policies ignore what ships with the drafter
+    bundled = saved_drafter_with_selector(drafters["copy"], tmp_path / "with", fixed_selector(ACTIONS, 0))
+    policy, _ = resolve(GenerationConfig(do_sample=True, tree_policy="delayed"), as_drafter(bundled))
+    assert "tree_selector" not in policy.params
 
 
 def test_sampling_verifiers_and_refusals(target, drafters, prompt):

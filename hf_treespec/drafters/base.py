@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -54,6 +55,16 @@ class Drafter(ABC):
     @abstractmethod
     def commit(self, tree: DraftTree, accepted: torch.Tensor, features: TargetFeatures | None = None) -> None:
         """The target accepted path ``accepted`` (node indices, root first); drop every other tree row."""
+
+    def bundled_path(self, name: str) -> Path | None:
+        """``name`` inside the local folder the assistant model was loaded from, or None (no such entry, or a model
+        that came from no folder). A drafter checkpoint can carry companions trained for it, such as the delay
+        selector ``tree_policy="nde"`` uses (``delay_selector/``); this is how a policy finds them."""
+        source = getattr(getattr(self, "model", None), "name_or_path", None)
+        if not source:
+            return None
+        path = Path(source) / name
+        return path if path.exists() else None
 
 
 def as_drafter(model: torch.nn.Module) -> Drafter:

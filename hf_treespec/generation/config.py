@@ -20,7 +20,8 @@ TREE_GENERATION_KWARGS: dict[str, str] = {
     "delay_trunk": "l1, length of the single sampled trunk before branching ('delayed')",
     "delay_branch": "l2, length of each i.i.d. path after the trunk ('delayed')",
     "tree_selector": "trained delay selector choosing (k, l1, l2) per step ('nde'): a folder written by "
-    "`hf-treespec train nde` / DelaySelector.save_pretrained (what save_pretrained keeps), or a DelaySelector",
+    "`hf-treespec train nde` / DelaySelector.save_pretrained (what save_pretrained keeps), or a DelaySelector; "
+    "unset: the delay_selector/ folder that ships with the assistant model, if any",
 }
 
 

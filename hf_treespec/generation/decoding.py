@@ -42,11 +42,14 @@ class TreeSpecGenerateOutput(GenerateDecoderOnlyOutput):
     total_seconds: float | None = None
 
 
-def resolve(generation_config: GenerationConfig) -> tuple[TreePolicy, Verifier]:
-    """Builds the policy and verifier named in the generation config, refusing pairs that would not be lossless."""
+def resolve(generation_config: GenerationConfig, drafter: Drafter | None = None) -> tuple[TreePolicy, Verifier]:
+    """Builds the policy and verifier named in the generation config, refusing pairs that would not be lossless.
+    Kwargs left unset may be filled from what ships with ``drafter`` (``TreePolicy.defaults_from_drafter``)."""
     settings = TreeSpecSettings.from_generation_config(generation_config)
     policy_cls = POLICIES.get(settings.policy)
-    params = {k: v for k, v in settings.policy_params.items() if k in policy_cls.defaults}
+    params = {k: v for k, v in settings.policy_params.items() if k in policy_cls.defaults and v is not None}
+    if drafter is not None:
+        params = {**policy_cls.defaults_from_drafter(drafter), **params}
     ignored = [k for k, v in settings.policy_params.items() if v is not None and k not in policy_cls.defaults]
     if ignored:
         raise ValueError(
@@ -109,8 +112,8 @@ def tree_speculative_decoding(
             "output_attentions / output_hidden_states are not available with tree_policy: tree forwards mix "
             "rejected branches into those tensors. Drop tree_policy to get them."
         )
-    policy, verifier = resolve(generation_config)
     drafter = check_drafter(model, assistant_model)
+    policy, verifier = resolve(generation_config, drafter)
     check_tree_attention(model, role="target model")
     cache = model_kwargs.get("past_key_values")
     if cache is None:

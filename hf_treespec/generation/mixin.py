@@ -35,8 +35,8 @@ class TreeSpecGenerationMixin:
         for key in (*TREE_GENERATION_KWARGS, "do_sample"):
             if key in kwargs:
                 setattr(config, key, kwargs[key])
-        resolve(config)  # unknown names, bad budgets, verifier/regime mismatches
-        check_drafter(self, kwargs.get("assistant_model"))
+        drafter = check_drafter(self, kwargs.get("assistant_model"))
+        resolve(config, drafter)  # unknown names, bad budgets, verifier/regime mismatches
 
     def _assisted_decoding(self, input_ids, logits_processor, stopping_criteria, generation_config, *args, **kwargs):
         if getattr(generation_config, "tree_policy", None) is None:

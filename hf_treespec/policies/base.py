@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 
 from ..registry import Registry
 from ..tree import DraftTree, Regime
+
+if TYPE_CHECKING:
+    from ..drafters.base import Drafter
 
 POLICIES: Registry["TreePolicy"] = Registry("tree policy")
 
@@ -42,6 +45,12 @@ class TreePolicy(ABC):
             raise TypeError(f"tree_policy={self.name!r} does not take {sorted(unknown)}")
         self.params = {**self.defaults, **{k: v for k, v in params.items() if v is not None}}
         self.validate()
+
+    @classmethod
+    def defaults_from_drafter(cls, drafter: "Drafter") -> dict[str, Any]:
+        """Values for generate kwargs the user left unset that come with the assistant model (a policy component
+        trained for that drafter, say); generate kwargs always win. None by default."""
+        return {}
 
     def validate(self) -> None:
         budget = self.params.get("tree_budget")

@@ -27,7 +27,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from itertools import product
 from pathlib import Path
-from typing import Any, ClassVar, Iterable, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable, NamedTuple
 
 import torch
 from torch import nn
@@ -38,9 +38,14 @@ from .base import POLICIES, DraftSource, TreePolicy
 from .context import StepContext
 from .iid import grow_iid
 
+if TYPE_CHECKING:
+    from ..drafters.base import Drafter
+
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 SELECTOR_TYPE = "treespec_delay_selector"
+#: subfolder of a drafter checkpoint holding the selector trained for that drafter (used when tree_selector is unset)
+SELECTOR_SUBFOLDER = "delay_selector"
 
 #: scalar root features, in the order :func:`root_features` returns them
 SCALAR_FEATURES: tuple[str, ...] = (
@@ -57,8 +62,8 @@ _LOG_FLOOR = -30.0
 HOW_TO_TRAIN = (
     "Make one with `hf-treespec train nde-data --drafter <drafter> --output runs/nde/data ...` (offline block-"
     "efficiency estimates) and `hf-treespec train nde --data runs/nde/data --output-dir runs/nde`, then pass "
-    "tree_selector='runs/nde'. Without a selector, tree_policy='delayed' takes a fixed delay_trunk / tree_paths / "
-    "delay_branch."
+    f"tree_selector='runs/nde' (or copy it to <drafter folder>/{SELECTOR_SUBFOLDER}/ to make it that drafter's "
+    "default). Without a selector, tree_policy='delayed' takes a fixed delay_trunk / tree_paths / delay_branch."
 )
 
 
@@ -332,17 +337,29 @@ def load_selector(selector: Any) -> DelaySelector:
 @POLICIES.register("nde")
 class NDEPolicy(TreePolicy):
     """Delayed expansion with the (k, l1, l2) of each step chosen by a trained :class:`DelaySelector`
-    (``tree_selector``: its folder, or the module itself)."""
+    (``tree_selector``: its folder, or the module itself). Without ``tree_selector``, the selector that ships with
+    the assistant model is used: ``delay_selector/`` inside the folder it was loaded from (the shipped SmolLM2
+    drafter, ``hf_treespec.assets.default_drafter``, has one). A selector is trained on one drafter's trees for one
+    target, so it travels with the drafter rather than living in a global default."""
 
     defaults: ClassVar[dict[str, Any]] = {"tree_selector": None}
     regime = Regime.IID
     default_verifier = "specinfer"
     needs_step_context = True
 
+    @classmethod
+    def defaults_from_drafter(cls, drafter: "Drafter") -> dict[str, Any]:
+        folder = drafter.bundled_path(SELECTOR_SUBFOLDER)
+        return {} if folder is None else {"tree_selector": str(folder)}
+
     def validate(self) -> None:
         super().validate()
         if self.params.get("tree_selector") is None:
-            raise ValueError("tree_policy='nde' needs a trained delay selector (tree_selector=...). " + HOW_TO_TRAIN)
+            raise ValueError(
+                "tree_policy='nde' needs a trained delay selector: pass tree_selector=..., or use an assistant model "
+                f"loaded from a folder that ships one in {SELECTOR_SUBFOLDER}/ (as the drafter of "
+                "hf_treespec.assets.default_drafter(model) does). " + HOW_TO_TRAIN
+            )
         self.selector = load_selector(self.params["tree_selector"])
         wanted = set(self.selector.config.hidden_inputs) - set(HIDDEN_FEATURES)
         if wanted:
