@@ -39,6 +39,8 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     source.add_argument("--questions", default=None, help="an MT-bench / Spec-Bench style question.jsonl")
     source.add_argument("--dataset", default="mtbench", choices=sorted(DATASETS))
     parser.add_argument("--num-questions", type=int, default=None, help="first N questions (default: all)")
+    parser.add_argument("--max-prompt-tokens", type=int, default=None,
+                        help="skip questions whose chat prompt is longer (then --num-questions counts the ones kept)")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="default 128 (64 with --quick)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples for every method")
     parser.add_argument("--top-p", type=float, default=None)
@@ -80,6 +82,7 @@ def bench_config(args: argparse.Namespace):
         threads=args.threads,
         questions=args.questions,
         dataset=args.dataset,
+        max_prompt_tokens=args.max_prompt_tokens,
         temperature=args.temperature,
         top_p=args.top_p,
         top_k=args.top_k,

@@ -98,6 +98,19 @@ def test_prompt_is_first_turn_through_chat_template(tiny, questions_file):
     assert [r.prompt_tokens for r in result.records] == [10, 8]
 
 
+def test_max_prompt_tokens_keeps_the_first_questions_that_fit(tiny, questions_file):
+    model, tokenizer, drafter = tiny
+    run = lambda **kw: run_benchmark(config(questions_file, methods=["plain"], max_new_tokens=2, **kw),
+                                     model=model, tokenizer=tokenizer, drafter=drafter)
+    # prompts are 10 and 8 tokens: a cap of 9 drops the first; num_questions then counts the questions kept
+    assert [r.question_id for r in run(max_prompt_tokens=9).records] == ["q2"]
+    assert [r.prompt_tokens for r in run(max_prompt_tokens=10, num_questions=1).records] == [10]
+    with pytest.raises(ValueError, match="no question has a prompt of at most 5 tokens"):
+        run(max_prompt_tokens=5)
+    with pytest.raises(ValueError, match="max_prompt_tokens must be >= 1"):
+        run(max_prompt_tokens=0)
+
+
 def test_divergence_is_recorded_with_plain_logit_gaps(tiny, questions_file):
     """A per-method override that changes the output (repetition penalty on one method only) must show up as a
     non-identical answer with the position and plain generate's logit gaps there."""

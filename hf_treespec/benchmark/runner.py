@@ -103,6 +103,7 @@ class BenchmarkConfig:
     questions: str | None = None
     dataset: str = "mtbench"
     num_questions: int | None = None
+    max_prompt_tokens: int | None = None
     max_new_tokens: int = 128
     temperature: float = 0.0
     top_p: float | None = None
@@ -123,8 +124,10 @@ class BenchmarkConfig:
                                  ("repeats", self.repeats, 1)):
             if value < low:
                 raise ValueError(f"{name} must be >= {low}, got {value}.")
-        if self.num_questions is not None and self.num_questions < 1:
-            raise ValueError(f"num_questions must be >= 1, got {self.num_questions}.")
+        for name in ("num_questions", "max_prompt_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}.")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}.")
         if self.top_p is not None and not 0 < self.top_p <= 1:
@@ -300,11 +303,27 @@ def load_drafter(spec: str, model: torch.nn.Module, dtype: str, target_name: str
 
 
 def load_benchmark_questions(config: BenchmarkConfig) -> list:
+    """The first ``num_questions`` questions (all of them when ``max_prompt_tokens`` filters: the cap applies to
+    the questions that fit)."""
+    limit = None if config.max_prompt_tokens is not None else config.num_questions
     if config.questions is not None:
         from ..assets import load_questions
 
-        return load_questions(config.questions, config.num_questions)
-    return DATASETS[config.dataset](config.num_questions)
+        return load_questions(config.questions, limit)
+    return DATASETS[config.dataset](limit)
+
+
+def fitting_prompts(questions: list, prompts: list[torch.Tensor], max_prompt_tokens: int | None,
+                    limit: int | None) -> tuple[list, list[torch.Tensor]]:
+    """The first ``limit`` (question, prompt) pairs whose prompt has at most ``max_prompt_tokens`` tokens: a rule
+    fixed before any result, so long-context outliers (ShareGPT has 4k-token first turns) can be left out of a
+    short-context comparison without picking questions by hand."""
+    if max_prompt_tokens is None:
+        return questions, prompts
+    kept = [(q, p) for q, p in zip(questions, prompts) if p.shape[1] <= max_prompt_tokens][:limit]
+    if not kept:
+        raise ValueError(f"no question has a prompt of at most {max_prompt_tokens} tokens; raise --max-prompt-tokens.")
+    return [q for q, _ in kept], [p for _, p in kept]
 
 
 def build_prompt(tokenizer, question) -> torch.Tensor:
@@ -391,6 +410,7 @@ def run_benchmark(
     if not questions:
         raise ValueError("no questions to run.")
     prompts = [build_prompt(tokenizer, q).to(model.device) for q in questions]
+    questions, prompts = fitting_prompts(questions, prompts, config.max_prompt_tokens, config.num_questions)
     methods, variants = plan_methods(config)
     gen_kwargs = shared_generate_kwargs(config, model, tokenizer)
 
