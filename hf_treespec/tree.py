@@ -105,6 +105,29 @@ class DraftTree:
             _cache={},
         )
 
+    def add_path(self, parent: int, tokens: torch.Tensor, logprobs: torch.Tensor) -> "DraftTree":
+        """Returns a new tree with the chain ``tokens`` hung below ``parent`` in one call (``logprobs``: each token's
+        own draft log-prob). Equivalent to one ``add_children`` per token, for drafters that propose a whole path."""
+        count = int(tokens.numel())
+        if count == 0:
+            return self
+        start = self.num_nodes
+        parents = torch.cat([torch.tensor([parent], device=self.device), torch.arange(start, start + count - 1,
+                                                                                      device=self.device)])
+        steps = torch.arange(1, count + 1, device=self.device)
+        return replace(
+            self,
+            uids=torch.cat([self.uids, torch.arange(self.next_uid, self.next_uid + count, device=self.device)]),
+            next_uid=self.next_uid + count,
+            tokens=torch.cat([self.tokens, tokens.long()]),
+            parents=torch.cat([self.parents, parents]),
+            depth=torch.cat([self.depth, self.depth[parent] + steps]),
+            scores=torch.cat([self.scores, self.scores[parent] + logprobs.float().cumsum(0)]),
+            q_index=None if self.q_index is None else torch.cat([self.q_index, torch.full_like(parents, -1)]),
+            counts=None if self.counts is None else torch.cat([self.counts, torch.ones_like(parents)]),
+            _cache={},
+        )
+
     def record_draft_probs(self, nodes: torch.Tensor, probs: torch.Tensor) -> "DraftTree":
         """Returns a new tree that remembers q(. | node) for ``nodes`` (rows of ``probs``)."""
         q_index = self.q_index if self.q_index is not None else torch.full_like(self.tokens, -1)
@@ -166,8 +189,11 @@ class DraftTree:
     # ------------------------------------------------------------------------------------------- derived tensors
     def ancestor_mask(self) -> torch.Tensor:
         """``[n, n]`` bool, ``[i, j]`` True iff j is i or an ancestor of i. Built by pointer chasing over depth."""
+        n = self.num_nodes
+        if "anc" not in self._cache and torch.equal(self.depth, torch.arange(n, device=self.device)):
+            # node i at depth i: a chain in depth order (node i's parent is node i - 1), so the mask is triangular
+            self._cache["anc"] = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
         if "anc" not in self._cache:
-            n = self.num_nodes
             rows = torch.arange(n, device=self.device)
             anc = torch.zeros(n, n, dtype=torch.bool, device=self.device)
             anc[rows, rows] = True

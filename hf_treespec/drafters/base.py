@@ -52,6 +52,24 @@ class Drafter(ABC):
     def expand(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
         """Raw next-token logits ``[len(nodes), V]`` (float32) after each node in ``nodes``, in one forward."""
 
+    def greedy_chain(self, tree: DraftTree, node: int, length: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Optional fast path: the chain that ``length`` rounds of ``expand`` + argmax would draft below ``node``.
+
+        Returns ``(tokens, logprobs)`` (log-softmax of the raw logits at each chosen token; shorter where the drafter
+        has no proposal), or None when the drafter has nothing faster than expanding depth by depth (the default).
+        Drafters that propose whole paths at once (prompt lookup) override it.
+        """
+        return None
+
+    def topk_logprobs(self, tree: DraftTree, nodes: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Optional fast path: ``(values, tokens)`` ``[len(nodes), <= k]`` of the best children of each node under the
+        log-softmax of ``expand``'s logits, best first, -inf where a node has fewer proposals.
+
+        None (the default) when the drafter only has dense rows. Drafters whose proposals are a handful of tokens
+        (prompt lookup) override it, so a policy never builds and ranks ``[len(nodes), V]`` rows of -inf.
+        """
+        return None
+
     @abstractmethod
     def commit(self, tree: DraftTree, accepted: torch.Tensor, features: TargetFeatures | None = None) -> None:
         """The target accepted path ``accepted`` (node indices, root first); drop every other tree row."""

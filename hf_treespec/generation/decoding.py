@@ -124,6 +124,7 @@ def tree_speculative_decoding(
     scores = () if (want_dict and generation_config.output_scores) else None
     raw_logits = () if (want_dict and generation_config.output_logits) else None
     device = input_ids.device
+    mask_dtype = model.dtype  # read once: the property walks the parameters
     target_kv = TreeKV(cache)
 
     # prefill: the target's first token, chosen exactly as plain generate chooses it
@@ -202,7 +203,7 @@ def tree_speculative_decoding(
         _sync(device)
         t1 = time.perf_counter()
         nodes = torch.arange(tree.num_nodes, device=device)
-        ids, positions, mask4d = target_kv.inputs_for(tree, nodes, model.dtype)
+        ids, positions, mask4d = target_kv.inputs_for(tree, nodes, mask_dtype)
         with capture() as states:
             out = model(
                 input_ids=ids.to(device), position_ids=positions.to(device), attention_mask=mask4d.to(device),

@@ -24,3 +24,25 @@ class WarpedDraftSource:
         self.num_forwards += 1
         logits = process_tree_logits(self.processors, self.prefix_ids, tree, nodes, logits)
         return torch.log_softmax(logits, dim=-1)
+
+    def greedy_chain(self, tree: DraftTree, node: int, length: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The drafter's whole-path proposal (see `Drafter.greedy_chain`), or None.
+
+        Offered only when no logits processor runs: a processor may reorder the drafter's scores, and then only the
+        depth-by-depth route sees the warped argmax.
+        """
+        if len(self.processors):
+            return None
+        chain = self.drafter.greedy_chain(tree, node, length)
+        if chain is not None:
+            self.num_forwards += 1
+        return chain
+
+    def topk_logprobs(self, tree: DraftTree, nodes: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The drafter's sparse top-k children (see `Drafter.topk_logprobs`), or None; same rule as `greedy_chain`."""
+        if len(self.processors):
+            return None
+        top = self.drafter.topk_logprobs(tree, nodes, k)
+        if top is not None:
+            self.num_forwards += 1
+        return top

@@ -22,6 +22,11 @@ class DraftSource(Protocol):
     def logprobs(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
         """``[len(nodes), V]`` log q(. | node) after the same logits processors as the target's."""
 
+    # Optional fast paths (a source may offer them and may answer None; `draft_greedy_chain` / `topk_children` fall
+    # back to ``logprobs``):
+    #   ``greedy_chain(tree, node, length) -> (tokens, logprobs) | None``: the chain of draft argmaxes below ``node``;
+    #   ``topk_logprobs(tree, nodes, k) -> (values, tokens) | None``: each node's best children, without [m, V] rows.
+
 
 class TreePolicy(ABC):
     """Grows a `DraftTree` from a root token.
@@ -84,3 +89,36 @@ def top_by_score(tree: DraftTree, count: int) -> DraftTree:
     order = torch.sort(-tree.scores[1:], stable=True).indices[:count] + 1
     keep = torch.cat([order.new_zeros(1), order])
     return tree.select(keep)
+
+
+def draft_greedy_chain(source: DraftSource, tree: DraftTree, node: int, length: int) -> DraftTree:
+    """Hangs below ``node`` the chain of draft argmaxes, up to ``length`` tokens, stopping where q has no support.
+
+    A source that offers ``greedy_chain`` (prompt lookup without logits processors) proposes the whole chain in one
+    call; any other is asked depth by depth. Both give the same tree.
+    """
+    fast = getattr(source, "greedy_chain", None)
+    chain = fast(tree, node, length) if fast is not None else None
+    if chain is not None:
+        return tree.add_path(node, *chain)
+    current = torch.tensor([node], device=tree.device)
+    for _ in range(length):
+        logq, token = source.logprobs(tree, current).max(dim=-1)  # argmax (first on ties), ~3x faster on CPU
+        if not bool(torch.isfinite(logq).all()):  # the drafter has no proposal here
+            break
+        tree = tree.add_children(current, token, logq)
+        current = torch.tensor([tree.num_nodes - 1], device=tree.device)
+    return tree
+
+
+def topk_children(
+    source: DraftSource, tree: DraftTree, nodes: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(values, tokens)`` ``[len(nodes), <= k]``: each node's ``k`` most likely children under q, best first, -inf
+    where q has fewer tokens (`DraftTree.add_children` drops those). Sparse when the source offers ``topk_logprobs``."""
+    fast = getattr(source, "topk_logprobs", None)
+    top = fast(tree, nodes, k) if fast is not None else None
+    if top is None:
+        logq = source.logprobs(tree, nodes)
+        top = logq.topk(min(k, logq.shape[-1]), dim=-1)
+    return top

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..tree import DraftTree
-from .base import POLICIES, TreePolicy
+from .base import POLICIES, TreePolicy, topk_children
 
 
 @POLICIES.register("salf")
@@ -41,9 +41,8 @@ class SALFPolicy(TreePolicy):
             expand = candidates.nonzero().squeeze(-1)
             if expand.numel() == 0 or float(tree.scores[expand].exp().sum()) < th:
                 break
-            logq = source.logprobs(tree, expand)
-            k = min(capacity, logq.shape[-1])
-            vals, toks = logq.topk(k, dim=-1)
+            vals, toks = topk_children(source, tree, expand, capacity)
+            k = vals.shape[-1]
             tree = tree.add_children(expand[:, None].expand(-1, k).reshape(-1), toks.reshape(-1), vals.reshape(-1))
             in_g = _pad(in_g, tree.num_nodes)
             tree, in_g = _prune_queue(tree, in_g, capacity)

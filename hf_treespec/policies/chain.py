@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..tree import DraftTree, Regime
-from .base import POLICIES, TreePolicy
+from .base import POLICIES, TreePolicy, draft_greedy_chain
 
 
 @POLICIES.register("chain")
@@ -22,17 +22,17 @@ class ChainPolicy(TreePolicy):
 
     def build(self, source, root_token, device) -> DraftTree:
         tree = DraftTree.root(root_token, device=device, regime=self.regime_for())
+        depth = int(self.params["tree_depth"])
+        if not self.do_sample:
+            return draft_greedy_chain(source, tree, 0, depth)
         node = torch.zeros(1, dtype=torch.long, device=device)
-        for _ in range(int(self.params["tree_depth"])):
+        for _ in range(depth):
             logq = source.logprobs(tree, node)[0]
             if not bool(torch.isfinite(logq).any()):  # the drafter has no proposal here
                 break
-            if self.do_sample:
-                q = logq.exp()
-                tree = tree.record_draft_probs(node, q[None])
-                token = torch.multinomial(q, 1)
-            else:
-                token = logq.argmax().reshape(1)
+            q = logq.exp()
+            tree = tree.record_draft_probs(node, q[None])
+            token = torch.multinomial(q, 1)
             tree = tree.add_children(node, token, logq[token])
             node = torch.tensor([tree.num_nodes - 1], device=device)
         return tree

@@ -5,14 +5,14 @@ from __future__ import annotations
 import torch
 
 from ..tree import DraftTree
-from .base import POLICIES, TreePolicy, top_by_score
+from .base import POLICIES, TreePolicy, top_by_score, topk_children
 
 
-def add_topk_children(tree: DraftTree, nodes: torch.Tensor, logq: torch.Tensor, k: int) -> tuple[DraftTree, torch.Tensor]:
-    """Adds the top-``k`` children of every node in ``nodes``; returns the tree and the new nodes' indices."""
-    k = min(k, logq.shape[-1])
-    vals, toks = logq.topk(k, dim=-1)
-    parents = nodes[:, None].expand(-1, k).reshape(-1)
+def add_topk_children(tree: DraftTree, nodes: torch.Tensor, vals: torch.Tensor, toks: torch.Tensor
+                      ) -> tuple[DraftTree, torch.Tensor]:
+    """Adds the children ``toks`` (``[len(nodes), k]``, log-probs ``vals``) of every node in ``nodes``; returns the tree
+    and the new nodes' indices."""
+    parents = nodes[:, None].expand(-1, toks.shape[-1]).reshape(-1)
     start = tree.num_nodes
     tree = tree.add_children(parents, toks.reshape(-1), vals.reshape(-1))
     return tree, torch.arange(start, tree.num_nodes, device=tree.device)
@@ -27,8 +27,7 @@ class Eagle2Policy(TreePolicy):
         tree = DraftTree.root(root_token, device=device)
         frontier = torch.zeros(1, dtype=torch.long, device=device)
         for _ in range(depth):
-            logq = source.logprobs(tree, frontier)
-            tree, new = add_topk_children(tree, frontier, logq, k)
+            tree, new = add_topk_children(tree, frontier, *topk_children(source, tree, frontier, k))
             if new.numel() == 0:  # the drafter has no proposal here
                 break
             beam = tree.scores[new].topk(min(k, new.numel())).indices
