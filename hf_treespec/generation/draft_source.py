@@ -26,23 +26,19 @@ class WarpedDraftSource:
         return torch.log_softmax(logits, dim=-1)
 
     def greedy_chain(self, tree: DraftTree, node: int, length: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The drafter's whole-path proposal (see `Drafter.greedy_chain`), or None.
-
-        Offered only when no logits processor runs: a processor may reorder the drafter's scores, and then only the
-        depth-by-depth route sees the warped argmax.
-        """
-        if len(self.processors):
-            return None
-        chain = self.drafter.greedy_chain(tree, node, length)
-        if chain is not None:
-            self.num_forwards += 1
-        return chain
+        """The drafter's whole-path proposal (see `Drafter.greedy_chain`), or None."""
+        return self._unwarped(self.drafter.greedy_chain, tree, node, length)
 
     def topk_logprobs(self, tree: DraftTree, nodes: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The drafter's sparse top-k children (see `Drafter.topk_logprobs`), or None; same rule as `greedy_chain`."""
+        """The drafter's sparse top-k children (see `Drafter.topk_logprobs`), or None."""
+        return self._unwarped(self.drafter.topk_logprobs, tree, nodes, k)
+
+    def _unwarped(self, fast_path, *args):
+        """A drafter fast path, offered only when no logits processor runs: a processor may reorder the drafter's
+        scores, and then only the depth-by-depth route through :meth:`logprobs` sees the warped ranking."""
         if len(self.processors):
             return None
-        top = self.drafter.topk_logprobs(tree, nodes, k)
-        if top is not None:
+        result = fast_path(*args)
+        if result is not None:
             self.num_forwards += 1
-        return top
+        return result
