@@ -84,26 +84,13 @@ class DraftTree:
             parents, tokens, logprobs = parents[finite], tokens[finite], logprobs[finite]
             counts = None if counts is None else counts[finite]
         parents = parents.long()
-        count = int(parents.numel())
         if counts is None and self.counts is None:
             new_counts = None
         else:
             old = self.counts if self.counts is not None else torch.ones_like(self.tokens)
             new = counts.long().to(self.device) if counts is not None else torch.ones_like(parents)
             new_counts = torch.cat([old, new])
-        new_uids = torch.arange(self.next_uid, self.next_uid + count, device=self.device)
-        return replace(
-            self,
-            uids=torch.cat([self.uids, new_uids]),
-            next_uid=self.next_uid + count,
-            tokens=torch.cat([self.tokens, tokens.long()]),
-            parents=torch.cat([self.parents, parents]),
-            depth=torch.cat([self.depth, self.depth[parents] + 1]),
-            scores=torch.cat([self.scores, self.scores[parents] + logprobs.float()]),
-            q_index=None if self.q_index is None else torch.cat([self.q_index, torch.full_like(parents, -1)]),
-            counts=new_counts,
-            _cache={},
-        )
+        return self._append(tokens, parents, self.depth[parents] + 1, self.scores[parents] + logprobs.float(), new_counts)
 
     def add_path(self, parent: int, tokens: torch.Tensor, logprobs: torch.Tensor) -> "DraftTree":
         """Returns a new tree with the chain ``tokens`` hung below ``parent`` in one call (``logprobs``: each token's
@@ -115,16 +102,24 @@ class DraftTree:
         parents = torch.cat([torch.tensor([parent], device=self.device), torch.arange(start, start + count - 1,
                                                                                       device=self.device)])
         steps = torch.arange(1, count + 1, device=self.device)
+        counts = None if self.counts is None else torch.cat([self.counts, torch.ones_like(parents)])
+        return self._append(tokens, parents, self.depth[parent] + steps,
+                            self.scores[parent] + logprobs.float().cumsum(0), counts)
+
+    def _append(self, tokens: torch.Tensor, parents: torch.Tensor, depth: torch.Tensor, scores: torch.Tensor,
+                counts: torch.Tensor | None) -> "DraftTree":
+        """The new nodes' fields appended (``counts``: the whole new column, or None); fresh uids, no recorded q."""
+        count = int(parents.numel())
         return replace(
             self,
             uids=torch.cat([self.uids, torch.arange(self.next_uid, self.next_uid + count, device=self.device)]),
             next_uid=self.next_uid + count,
             tokens=torch.cat([self.tokens, tokens.long()]),
             parents=torch.cat([self.parents, parents]),
-            depth=torch.cat([self.depth, self.depth[parent] + steps]),
-            scores=torch.cat([self.scores, self.scores[parent] + logprobs.float().cumsum(0)]),
+            depth=torch.cat([self.depth, depth]),
+            scores=torch.cat([self.scores, scores]),
             q_index=None if self.q_index is None else torch.cat([self.q_index, torch.full_like(parents, -1)]),
-            counts=None if self.counts is None else torch.cat([self.counts, torch.ones_like(parents)]),
+            counts=counts,
             _cache={},
         )
 
