@@ -32,6 +32,8 @@ class TreeSpecGenerateOutput(GenerateDecoderOnlyOutput):
             stopping criterion cut the chunk), so their mean is tau.
         tree_sizes: draft nodes verified per step.
         draft_seconds / verify_seconds / total_seconds: wall-clock split (verify = target forward + verification).
+        drafted_steps: steps that verified at least one draft node; the others ran the target alone (one token, a
+            plain ``generate`` step), which ``tree_budget="auto"`` chooses where no tree pays on this hardware.
     """
 
     accepted_lengths: list[int] | None = None
@@ -40,6 +42,7 @@ class TreeSpecGenerateOutput(GenerateDecoderOnlyOutput):
     draft_seconds: float | None = None
     verify_seconds: float | None = None
     total_seconds: float | None = None
+    drafted_steps: int | None = None
 
 
 def resolve(generation_config: GenerationConfig, drafter: Drafter | None = None) -> tuple[TreePolicy, Verifier]:
@@ -114,6 +117,7 @@ def tree_speculative_decoding(
         )
     drafter = check_drafter(model, assistant_model)
     policy, verifier = resolve(generation_config, drafter)
+    speed = auto_speed_model(model, drafter, policy, generation_config)
     check_tree_attention(model, role="target model")
     cache = model_kwargs.get("past_key_values")
     if cache is None:
@@ -132,6 +136,7 @@ def tree_speculative_decoding(
     layers = tuple(drafter.target_layers or ())
     # policies that read a StepContext also get the target's pre-norm last state (captured after the drafter's)
     needs_context = policy.needs_step_context
+    pass_context = needs_context or speed is not None
     captured = layers + ((-1,) if needs_context else ())
     capture = (lambda: capture_hidden_states(model, captured)) if captured else (lambda: nullcontext(None))
 
@@ -144,11 +149,14 @@ def tree_speculative_decoding(
     def step_context(states, probs_row: torch.Tensor, row: int) -> StepContext | None:
         """What the next step's policy sees: the target at the root's parent (``row`` of the last forward)."""
         if not needs_context:
-            return None
+            if speed is None:
+                return None
+            return StepContext(target_probs=None, root_token=int(input_ids[0, -1]),
+                               context_length=input_ids.shape[1], temperature=temperature, top_p=top_p, speed=speed)
         return StepContext(
             target_probs=probs_row.softmax(-1), root_token=int(input_ids[0, -1]), context_length=input_ids.shape[1],
             temperature=temperature, top_p=top_p, target_hidden=states.parts[-1][0, row],
-            draft_seconds=draft_mean.value, target_seconds=target_mean.value,
+            draft_seconds=draft_mean.value, target_seconds=target_mean.value, speed=speed,
         )
     with capture() as states:
         out = model(
@@ -196,7 +204,7 @@ def tree_speculative_decoding(
         source = WarpedDraftSource(drafter, logits_processor, input_ids)
         _sync(device)
         t0 = time.perf_counter()
-        if needs_context:
+        if pass_context:
             tree: DraftTree = policy.build(source, root, device, context=context)
         else:
             tree = policy.build(source, root, device)
@@ -225,6 +233,12 @@ def tree_speculative_decoding(
         accepted = result.accepted
         new_tokens = torch.cat([tree.tokens[accepted[1:]], torch.tensor([result.next_token], device=tree.device)])
         tree_sizes.append(tree.num_nodes - 1)
+        if speed is not None:
+            speed.observe_step(
+                tree_scores=tree.scores[1:], on_path=_on_path(tree, accepted), rows=tree.num_nodes,
+                context=input_ids.shape[1], draft_seconds=t1 - t0, draft_forwards=source.num_forwards,
+                verify_seconds=t2 - t1, tokens=int(accepted.numel()),
+            )
         target_kv.commit(tree, accepted)
         drafter.commit(tree, accepted, drafter_features(states, accepted))
         finished, count = emit(new_tokens, processed[accepted], raw[accepted])
@@ -246,4 +260,25 @@ def tree_speculative_decoding(
         draft_seconds=draft_seconds,
         verify_seconds=verify_seconds,
         total_seconds=time.perf_counter() - t_start,
+        drafted_steps=sum(size > 0 for size in tree_sizes),
     )
+
+
+def auto_speed_model(model, drafter: Drafter, policy: TreePolicy, generation_config: GenerationConfig):
+    """The `SpeedModel` an auto-sized policy decides with (None otherwise): kept on the target per (drafter,
+    sampling settings), its cost curve calibrated at first use and cached on disk (`hf_treespec.latency`)."""
+    if not policy.auto_sized:
+        return None
+    from ..latency import speed_model_for
+
+    assistant = getattr(drafter, "model", drafter)
+    key = (id(assistant), getattr(assistant, "name_or_path", ""), type(drafter).__name__,
+           *sampling_params(generation_config))
+    return speed_model_for(model, key)
+
+
+def _on_path(tree: DraftTree, accepted: torch.Tensor) -> torch.Tensor:
+    """Bool ``[num_nodes - 1]``: whether each draft node (root excluded) is on the accepted path."""
+    mask = torch.zeros(tree.num_nodes, dtype=torch.bool, device=tree.device)
+    mask[accepted] = True
+    return mask[1:]

@@ -9,6 +9,7 @@ import torch
 
 from ..registry import Registry
 from ..tree import DraftTree, Regime
+from .auto import check_budget, is_auto
 
 if TYPE_CHECKING:
     from ..drafters.base import Drafter
@@ -40,8 +41,16 @@ class TreePolicy(ABC):
     regime: ClassVar[str] = Regime.DETERMINISTIC
     default_verifier: ClassVar[str] = "nss"
     name: ClassVar[str] = ""
+    #: True for policies that implement ``tree_budget="auto"``
+    supports_auto: ClassVar[bool] = False
     #: True for policies whose ``build`` takes ``context=`` (a `StepContext`, filled by the decoding loop per step)
     needs_step_context: ClassVar[bool] = False
+
+    @property
+    def auto_sized(self) -> bool:
+        """True when the tree is sized per step by measured cost (``tree_budget="auto"``); the loop then passes a
+        `StepContext` carrying its `SpeedModel` and learns from every verified step."""
+        return is_auto(self.params.get("tree_budget"))
 
     def __init__(self, do_sample: bool = False, **params: Any):
         self.do_sample = do_sample
@@ -59,8 +68,11 @@ class TreePolicy(ABC):
 
     def validate(self) -> None:
         budget = self.params.get("tree_budget")
-        if budget is not None and int(budget) < 1:
-            raise ValueError(f"tree_budget must be >= 1 (number of draft nodes per step), got {budget}.")
+        if budget is not None:
+            if is_auto(budget) and not self.supports_auto:
+                raise ValueError(f"tree_policy={self.name!r} does not size its tree by measured cost; tree_budget='auto'"
+                                 " works with the best-first policies (salf, optimal, eagle2). Give a number.")
+            check_budget(budget)
         depth = self.params.get("tree_depth")
         if depth is not None and int(depth) < 1:
             raise ValueError(f"tree_depth must be >= 1, got {depth}.")

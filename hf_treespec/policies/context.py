@@ -2,8 +2,9 @@
 
 Most policies need nothing but a draft source. A policy that picks its tree shape per step (the neural delay-and-
 branch selector of the delayed-expansion paper) also reads the target's view of the last verified position and the
-measured cost of draft and target forwards. The loop fills a fresh context per step and passes it only to policies
-that set ``needs_step_context``; there is no global state.
+measured cost of draft and target forwards. A policy sized by measured cost (``tree_budget="auto"``) reads the
+loop's `~hf_treespec.latency.SpeedModel`. The loop fills a fresh context per step and passes it to policies that set
+``needs_step_context`` or ``auto_sized``; there is no global state.
 """
 
 from __future__ import annotations
@@ -28,9 +29,13 @@ class StepContext:
         target_hidden: ``[H]`` pre-norm last-layer target hidden state at the root's parent, None when not captured.
         draft_seconds: running mean of one draft forward measured so far in this generation (None before any).
         target_seconds: running mean of one target tree forward (None before the first step's verification).
+        speed: the generation's `SpeedModel` (cost curve, drafter cost, calibrated acceptance) for policies sized
+            by measured cost; None otherwise.
+
+    ``target_probs`` is None when no policy of this generation reads it (auto-sized policies need only ``speed``).
     """
 
-    target_probs: torch.Tensor
+    target_probs: torch.Tensor | None
     root_token: int
     context_length: int
     temperature: float
@@ -38,6 +43,7 @@ class StepContext:
     target_hidden: torch.Tensor | None = None
     draft_seconds: float | None = None
     target_seconds: float | None = None
+    speed: object | None = None
 
 
 def sampling_params(generation_config: GenerationConfig) -> tuple[float, float]:
