@@ -49,6 +49,13 @@ def resolve(generation_config: GenerationConfig, drafter: Drafter | None = None)
     """Builds the policy and verifier named in the generation config, refusing pairs that would not be lossless.
     Kwargs left unset may be filled from what ships with ``drafter`` (``TreePolicy.defaults_from_drafter``)."""
     settings = TreeSpecSettings.from_generation_config(generation_config)
+    beams = getattr(generation_config, "num_beams", None) or 1
+    if beams > 1:
+        raise ValueError(
+            f"tree_policy cannot be combined with num_beams={beams}: tree speculation decodes one sequence (greedy "
+            "or sampled), and generate would silently drop beam search. Use num_beams=1 with tree_policy, or drop "
+            "tree_policy to run beam search."
+        )
     policy_cls = POLICIES.get(settings.policy)
     params = {k: v for k, v in settings.policy_params.items() if k in policy_cls.defaults and v is not None}
     if drafter is not None:
