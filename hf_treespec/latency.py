@@ -282,6 +282,43 @@ class EMA:
         self.value = x if self.value is None else self.value + self.rate * (x - self.value)
 
 
+class DepthAcceptance:
+    """Per-depth acceptance of sampled trees with ``k`` paths / siblings, for choosing their shape (k, l).
+
+    Model: at every depth the target continues with probability ``alpha_k = 1 - (1 - alpha)^k`` (k independent
+    tries of one per-token acceptance ``alpha``). A step with shape (k, l) that accepted ``a`` drafts gives ``a``
+    successes and, when ``a < l``, one failure at depth a + 1 (a truncated geometric). ``alpha`` is the maximum-
+    likelihood value on a grid over the decayed success / failure counts per k; before any step it is ``prior``.
+    """
+
+    def __init__(self, prior: float = 0.5, decay: float = 0.98, prior_weight: float = 2.0):
+        self.grid = torch.linspace(0.01, 0.99, 99, dtype=torch.float64)
+        self.prior, self.decay, self.prior_weight = prior, decay, prior_weight
+        self.counts: dict[int, list[float]] = {}  # k -> [successes, failures]
+
+    def observe(self, k: int, depth: int, accepted: int) -> None:
+        for value in self.counts.values():
+            value[0] *= self.decay
+            value[1] *= self.decay
+        entry = self.counts.setdefault(int(k), [0.0, 0.0])
+        entry[0] += accepted
+        entry[1] += 1.0 if accepted < depth else 0.0
+
+    @property
+    def alpha(self) -> float:
+        # the prior as pseudo-counts of a single chain
+        loglik = self.prior_weight * (self.prior * self.grid.log() + (1 - self.prior) * (1 - self.grid).log())
+        for k, (wins, losses) in self.counts.items():
+            alpha_k = 1 - (1 - self.grid) ** k
+            loglik = loglik + wins * alpha_k.log() + losses * (1 - alpha_k).clamp(min=1e-12).log()
+        return float(self.grid[int(loglik.argmax())])
+
+    def expected_tokens(self, k: int, depth: int) -> float:
+        """1 + expected accepted drafts of a (k, depth) sampled tree under the model."""
+        a = 1 - (1 - self.alpha) ** k
+        return 1 + sum(a**j for j in range(1, depth + 1))
+
+
 class SpeedModel:
     """Everything ``tree_budget="auto"`` decides with: target cost curve, drafter cost per forward, acceptance.
 
@@ -301,6 +338,9 @@ class SpeedModel:
         self.reprobe_every = reprobe_every
         self._base_reprobe = reprobe_every
         self._since_draft = 0
+        self.depth_acceptance = DepthAcceptance()
+        #: (k, l) a sampled policy chose for the step being verified (set by the policy, read by observe_step)
+        self.pending_shape: tuple[int, int] | None = None
 
     def target_seconds(self, rows: int, context: int) -> float:
         return self.curve(rows, context)
@@ -333,6 +373,10 @@ class SpeedModel:
         if draft_forwards:
             self._draft.add(draft_seconds / draft_forwards)
         total = draft_seconds + verify_seconds
+        if self.pending_shape is not None:
+            k, depth = self.pending_shape
+            self.depth_acceptance.observe(k, depth, tokens - 1)
+            self.pending_shape = None
         if rows > 1:
             self.acceptance.observe(tree_scores, on_path)
             self._since_draft = 0

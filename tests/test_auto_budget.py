@@ -63,10 +63,60 @@ def test_auto_needs_a_speed_model():
         POLICIES.get("salf")(tree_budget="auto").build(PeakedSource(), 3, "cpu")
 
 
-def test_auto_refused_by_policies_without_a_budget(target, drafters, prompt):
+@pytest.mark.parametrize("policy", ["chain", "delayed"])
+def test_auto_refused_by_policies_without_a_budget(target, drafters, prompt, policy):
     with pytest.raises(ValueError, match="tree_budget"):
-        target.generate(prompt, assistant_model=drafters["copy"], tree_policy="iid", tree_budget="auto",
+        target.generate(prompt, assistant_model=drafters["copy"], tree_policy=policy, tree_budget="auto",
                         max_new_tokens=4)
+
+
+@pytest.mark.parametrize("policy", ["iid", "swor"])
+def test_sampled_policies_take_only_auto_as_budget(policy):
+    with pytest.raises(ValueError, match="only 'auto'"):
+        POLICIES.get(policy)(tree_budget=16)
+    assert POLICIES.get(policy).takes("tree_budget", "auto") and not POLICIES.get(policy).takes("tree_budget", 16)
+
+
+@pytest.mark.parametrize("policy,bound", [("iid", {"tree_paths": 8, "tree_depth": 8}),
+                                          ("swor", {"tree_topk": 8, "tree_depth": 8})])
+def test_sampled_shape_by_cost(policy, bound):
+    """Steep curve: no drafts; flat curve and a good drafter: a wide, deep shape."""
+    cls = POLICIES.get(policy)
+    steep = SpeedModel(STEEP, draft_prior=0.02 / 0.05)
+    source = PeakedSource()
+    tree = cls(tree_budget="auto", do_sample=True, **bound).build(source, 3, "cpu", context=context_for(steep))
+    assert tree.num_nodes == 1 and source.calls == 0
+    flat = SpeedModel(FLAT, draft_prior=0.001 / 0.05)
+    for _ in range(50):  # a drafter whose chains are accepted 4 deep out of 4
+        flat.depth_acceptance.observe(1, 4, 4)
+    assert flat.depth_acceptance.alpha > 0.9
+    source = PeakedSource()
+    tree = cls(tree_budget="auto", do_sample=True, **bound).build(source, 3, "cpu", context=context_for(flat))
+    assert tree.max_depth >= 5 and source.calls >= 5
+    assert flat.pending_shape is not None and flat.pending_shape[1] >= 5
+
+
+def test_depth_acceptance_learns_alpha():
+    from hf_treespec.latency import DepthAcceptance
+
+    acc = DepthAcceptance()
+    for _ in range(200):  # alpha 0.5 per token, chains of 4: E[accepted] ~ 0.94, stops early most of the time
+        acc.observe(1, 4, 1)
+    assert 0.3 < acc.alpha < 0.7
+    assert acc.expected_tokens(2, 3) > acc.expected_tokens(1, 3)
+
+
+@pytest.mark.parametrize("policy", ["iid", "swor"])
+def test_sampled_auto_greedy_identical_and_sampling_runs(target, drafters, prompt, policy, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TREESPEC_CACHE", str(tmp_path))
+    plain = target.generate(prompt, do_sample=False, max_new_tokens=30)
+    out = target.generate(prompt, assistant_model=drafters["perturbed"], tree_policy=policy, tree_budget="auto",
+                          do_sample=False, max_new_tokens=30, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, plain)
+    torch.manual_seed(0)
+    out = target.generate(prompt, assistant_model=drafters["perturbed"], tree_policy=policy, tree_budget="auto",
+                          do_sample=True, max_new_tokens=20, return_dict_in_generate=True)
+    assert out.sequences.shape[1] == prompt.shape[1] + 20
 
 
 def test_bad_budget_string():

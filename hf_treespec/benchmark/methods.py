@@ -68,7 +68,7 @@ class BenchMethod:
         self.overrides = dict(overrides or {})
         # an instance attribute: the method registry sets a class attribute ``name`` on registered classes
         self.name = self.label if sweep is None else f"{self.label}{VARIANT_SEP}{sweep[0]}={sweep[1]}"
-        refused = [key for key in self.settings if not self.accepts(key)]
+        refused = [key for key, value in self.settings.items() if not self.accepts(key, value)]
         if refused:
             taken = [key for key in TREE_GENERATION_KWARGS if self.accepts(key)]
             raise ValueError(
@@ -84,8 +84,8 @@ class BenchMethod:
             kwargs[self.sweep[0]] = self.sweep[1]
         return kwargs
 
-    def accepts(self, key: str) -> bool:
-        """Whether a group override, a sweep or a ``@key=value`` setting of ``key`` applies to this method."""
+    def accepts(self, key: str, value: Any = "auto") -> bool:
+        """Whether a group override, a sweep or a ``@key=value`` setting of ``key`` (to ``value``) applies here."""
         return key not in TREE_GENERATION_KWARGS
 
     def check(self, model: torch.nn.Module, drafter: torch.nn.Module | None) -> None:
@@ -159,8 +159,8 @@ class AssistedDrafter(BenchMethod):
     def method_kwargs(self, drafter):
         return {"assistant_model": drafter}
 
-    def accepts(self, key: str) -> bool:
-        return super().accepts(key) or key in ASSISTANT_CONFIG_KEYS
+    def accepts(self, key: str, value: Any = "auto") -> bool:
+        return super().accepts(key, value) or key in ASSISTANT_CONFIG_KEYS
 
     @contextmanager
     def prepared(self, drafter):
@@ -189,8 +189,9 @@ class TreeMethod(BenchMethod):
         self.policy = policy
         super().__init__(TREE_PREFIX + policy, overrides, sweep, variant)
 
-    def accepts(self, key: str) -> bool:
-        return key == "verifier" or key in POLICIES.get(self.policy).defaults or key not in TREE_GENERATION_KWARGS
+    def accepts(self, key: str, value: Any = "auto") -> bool:
+        """``value``: the one a group override or sweep would set (a policy may take a kwarg for some values only)."""
+        return key == "verifier" or POLICIES.get(self.policy).takes(key, value) or key not in TREE_GENERATION_KWARGS
 
     def check(self, model, drafter):
         super().check(model, drafter)
@@ -269,9 +270,9 @@ class Override:
         """How specifically this override names ``method``: None (not at all), 0 as a group, 1 by its base method or
         policy, 2 by its full variant name. A more specific override wins."""
         if self.selector == "*":
-            return 0 if method.accepts(self.key) else None
+            return 0 if method.accepts(self.key, self.value) else None
         if self.selector == "tree":
-            return 0 if isinstance(method, TreeMethod) and method.accepts(self.key) else None
+            return 0 if isinstance(method, TreeMethod) and method.accepts(self.key, self.value) else None
         if self.selector in (method.base_name, method.base_name.removeprefix(TREE_PREFIX)):
             return 1
         return 2 if self.selector == method.label else None

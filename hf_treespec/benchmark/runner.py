@@ -375,7 +375,7 @@ def plan_methods(config: BenchmarkConfig) -> tuple[list[BenchMethod], dict[str, 
         if not swept:
             raise ValueError(f"--sweep {key}: no tree method in this run takes {key!r}.")
         for value in values:
-            for base in swept:
+            for base in (m for m in swept if m.accepts(key, value)):
                 variant = build_method(base.label, overrides_for(base, config.overrides), sweep=(key, value))
                 methods.append(variant)
                 variants[variant.name] = (base.label, value)

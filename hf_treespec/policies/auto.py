@@ -25,6 +25,9 @@ AUTO = "auto"
 AUTO_MAX_NODES = 96
 #: expansions looked ahead when deciding whether to expand again
 LOOKAHEAD = 4
+#: shapes (k paths or siblings, l levels) the sampled policies choose from under "auto" (bounded by their kwargs)
+SHAPE_KS = (1, 2, 3, 4, 6, 8)
+SHAPE_LS = (1, 2, 3, 4, 5, 6, 8)
 
 
 def is_auto(value) -> bool:
@@ -96,6 +99,28 @@ class TreeSizer:
             if (tokens + h * mass) / seconds > rate:
                 return True
         return False
+
+    def choose_shape(self, nodes_of, max_k: int, max_l: int) -> tuple[int, int] | None:
+        """The (k, l) of a sampled tree that maximises expected tokens per second, ``(1 + sum_j alpha_k^j) /
+        (l * t_draft + c(nodes_of(k, l) + 1))`` with the per-depth acceptance learned online; None when no shape
+        beats a draft-free step (a probe step then drafts the smallest shape). The choice is recorded on the speed
+        model, so the loop's observation of this step updates the acceptance of that k."""
+        if self.mode == "skip":
+            return None
+        acceptance = self.speed.depth_acceptance
+        best, best_rate = None, 1.0 / self.cost(1)
+        for k in (k for k in SHAPE_KS if k <= max_k):
+            for depth in (d for d in SHAPE_LS if d <= max_l):
+                nodes = nodes_of(k, depth)
+                if nodes > self.max_nodes:
+                    continue
+                rate = acceptance.expected_tokens(k, depth) / (depth * self.t_draft + self.cost(nodes + 1))
+                if rate > best_rate:
+                    best, best_rate = (k, depth), rate
+        if best is None and self.mode == "probe":
+            best = (1, 1)
+        self.speed.pending_shape = best
+        return best
 
     def prune(self, tree: DraftTree) -> DraftTree:
         """Keeps the best prefix of nodes by draft score (the root alone when no draft pays)."""

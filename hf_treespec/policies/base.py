@@ -60,6 +60,14 @@ class TreePolicy(ABC):
         self.params = {**self.defaults, **{k: v for k, v in params.items() if v is not None}}
         self.validate()
 
+    #: kwargs the policy takes only with the value "auto" (the sampled policies' tree_budget)
+    auto_only: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def takes(cls, key: str, value: Any = "auto") -> bool:
+        """Whether ``key=value`` is a kwarg this policy reads (benchmark group overrides and sweeps ask)."""
+        return key in cls.defaults and (key not in cls.auto_only or is_auto(value))
+
     @classmethod
     def defaults_from_drafter(cls, drafter: "Drafter") -> dict[str, Any]:
         """Values for generate kwargs the user left unset that come with the assistant model (a policy component

@@ -14,6 +14,7 @@ import torch
 
 from ..randomness import Randomness, multinomial_counts
 from ..tree import DraftTree, Regime
+from .auto import is_auto, sizer_from
 from .base import POLICIES, DraftSource, TreePolicy
 
 
@@ -49,6 +50,7 @@ class _SampledPathsPolicy(TreePolicy):
     regime = Regime.IID
     default_verifier = "specinfer"
 
+
     @abstractmethod
     def shape(self) -> tuple[int, int, int]:
         """(trunk length, number of paths, path length after the trunk)."""
@@ -66,12 +68,18 @@ class _SampledPathsPolicy(TreePolicy):
         return self.shape()[1] == 1
 
     def build(
-        self, source: DraftSource, root_token: int, device: torch.device, generator: Randomness = None
+        self, source: DraftSource, root_token: int, device: torch.device, generator: Randomness = None,
+        context=None,
     ) -> DraftTree:
         """``generator``: where the draws come from (torch's global RNG when None; a RandomSource in exact tests).
         With do_sample=False the tree is still sampled (greedy verification is lossless for any tree)."""
         trunk, paths, branch = self.shape()
         tree = DraftTree.root(root_token, device=device, regime=self.regime)
+        if self.auto_sized:  # (k, l) per step by measured cost, the kwargs as upper bounds; None: no drafts
+            chosen = sizer_from(context, self.name).choose_shape(lambda k, depth: k * depth, paths, branch)
+            if chosen is None:
+                return tree
+            paths, branch = chosen
         one = torch.ones(1, dtype=torch.long, device=device)
         tree, tip = grow_iid(tree, source, one - 1, one, trunk, self.do_sample, generator)
         tree, _ = grow_iid(tree, source, tip, one * paths, branch, self.do_sample, generator)
@@ -82,7 +90,16 @@ class _SampledPathsPolicy(TreePolicy):
 class IIDPolicy(_SampledPathsPolicy):
     """k = ``tree_paths`` paths of l = ``tree_depth`` tokens sampled from q with replacement (at most k*l nodes)."""
 
-    defaults = {"tree_paths": 4, "tree_depth": 4}
+    defaults = {"tree_paths": 4, "tree_depth": 4, "tree_budget": None}
+    supports_auto = True
+    auto_only = frozenset({"tree_budget"})
+
+    def validate(self) -> None:
+        super().validate()
+        budget = self.params.get("tree_budget")
+        if budget is not None and not is_auto(budget):
+            raise ValueError(f"tree_policy='iid' is sized by tree_paths / tree_depth; tree_budget takes only 'auto' "
+                             f"here (k and l are then chosen per step by measured cost), got {budget!r}.")
 
     def shape(self) -> tuple[int, int, int]:
         return 0, int(self.params["tree_paths"]), int(self.params["tree_depth"])

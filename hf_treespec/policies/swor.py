@@ -6,6 +6,7 @@ import torch
 
 from ..randomness import Randomness, without_replacement
 from ..tree import DraftTree, Regime
+from .auto import is_auto, sizer_from
 from .base import POLICIES, DraftSource, TreePolicy
 
 
@@ -19,7 +20,16 @@ class SWORPolicy(TreePolicy):
     a node's children are still a fresh sample given everything above them.
     """
 
-    defaults = {"tree_topk": 4, "tree_depth": 5}
+    defaults = {"tree_topk": 4, "tree_depth": 5, "tree_budget": None}
+    supports_auto = True
+    auto_only = frozenset({"tree_budget"})
+
+    def validate(self) -> None:
+        super().validate()
+        budget = self.params.get("tree_budget")
+        if budget is not None and not is_auto(budget):
+            raise ValueError(f"tree_policy='swor' is sized by tree_topk / tree_depth; tree_budget takes only 'auto' "
+                             f"here (k and l are then chosen per step by measured cost), got {budget!r}.")
     regime = Regime.SWOR
     default_verifier = "swor"
 
@@ -28,11 +38,19 @@ class SWORPolicy(TreePolicy):
         return int(self.params["tree_topk"]) == 1
 
     def build(
-        self, source: DraftSource, root_token: int, device: torch.device, generator: Randomness = None
+        self, source: DraftSource, root_token: int, device: torch.device, generator: Randomness = None,
+        context=None,
     ) -> DraftTree:
-        """``generator``: where the draws come from (torch's global RNG when None; a RandomSource in exact tests)."""
+        """``generator``: where the draws come from (torch's global RNG when None; a RandomSource in exact tests).
+        With ``tree_budget="auto"``, (k, l) are chosen per step by measured cost, ``tree_topk`` / ``tree_depth`` being
+        upper bounds; possibly no drafts at all."""
         k, depth = int(self.params["tree_topk"]), int(self.params["tree_depth"])
         tree = DraftTree.root(root_token, device=device, regime=self.regime)
+        if self.auto_sized:
+            chosen = sizer_from(context, self.name).choose_shape(lambda k, d: k + (d - 1) * k * k, k, depth)
+            if chosen is None:
+                return tree
+            k, depth = chosen
         frontier = torch.zeros(1, dtype=torch.long, device=device)
         for level in range(depth):
             logq = source.logprobs(tree, frontier)
