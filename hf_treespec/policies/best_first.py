@@ -25,7 +25,8 @@ class SALFPolicy(TreePolicy):
         if not 0 <= th < 1:
             raise ValueError(f"salf_threshold must be in [0, 1), got {th}.")
 
-    def build(self, source, root_token, device) -> DraftTree:
+    def build(self, source, root_token, *, context, generator=None) -> DraftTree:
+        device = context.device
         capacity = int(self.params["tree_budget"]) + 1  # G holds the root and N draft nodes
         batch, th = int(self.params["salf_batch"]), float(self.params["salf_threshold"])
         max_depth = self.params["tree_depth"]

@@ -22,7 +22,8 @@ def add_topk_children(tree: DraftTree, nodes: torch.Tensor, vals: torch.Tensor, 
 class Eagle2Policy(TreePolicy):
     defaults = {"tree_budget": 60, "tree_depth": 7, "tree_topk": 10}
 
-    def build(self, source, root_token, device) -> DraftTree:
+    def build(self, source, root_token, *, context, generator=None) -> DraftTree:
+        device = context.device
         k, depth, budget = (int(self.params[p]) for p in ("tree_topk", "tree_depth", "tree_budget"))
         tree = DraftTree.root(root_token, device=device)
         frontier = torch.zeros(1, dtype=torch.long, device=device)
