@@ -1,5 +1,5 @@
-"""``hf-treespec`` command line. One subcommand per job (``bench`` today); each registers its own parser and handler
-in `COMMANDS`, so adding ``train`` is one more entry."""
+"""``hf-treespec`` command line. One subcommand per job (``bench``, ``calibrate``); each registers its own parser and
+handler in `COMMANDS`, so adding ``train`` is one more entry."""
 
 from __future__ import annotations
 
@@ -7,15 +7,17 @@ import argparse
 import sys
 from typing import Callable, Sequence
 
-#: options the --quick preset fills in when not given; tree_budget 16: a 16-node tree costs ~1.4 target steps on CPU
+#: options the --quick preset fills in when not given: the headline rows only (plain, transformers' assisted peer,
+#: tree:salf sized by measured cost), 5 questions x 64 tokens, plus the machine's cost curve; <= 3 min on 2 cores
 QUICK_PRESET = {"num_questions": 5, "max_new_tokens": 64, "repeats": 1}
-QUICK_OVERRIDES = ("tree.tree_budget=16",)
+QUICK_METHODS = ("plain", "assisted_lookup", "tree:salf")
+QUICK_OVERRIDES = ("tree.tree_budget=auto",)
 BENCH_DEFAULTS = {"num_questions": None, "max_new_tokens": 128, "repeats": 1}
 
 
 def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     from .benchmark.methods import available_methods
-    from .benchmark.runner import DATASETS, DTYPES
+    from .benchmark.runner import DATASETS, DTYPE_CHOICES
 
     parser = subparsers.add_parser(
         "bench",
@@ -33,7 +35,8 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="default (the feature drafter shipped for --model: hf_treespec.assets.default_drafter), "
                              "truncated:K (target's first K layers), lookup:N (prompt-lookup tree drafting with n-grams "
                              "up to N), a checkpoint path / hub id, or 'none'")
-    parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
+                        help="auto: the machine's fast dtype (bf16 on a GPU or a CPU with avx512_bf16 / AMX, else fp32)")
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads for every method")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--questions", default=None, help="an MT-bench / Spec-Bench style question.jsonl")
@@ -60,8 +63,10 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="bench_out", help="output folder")
     parser.add_argument("--quick", action="store_true",
-                        help="few-minute preset: 5 questions, 64 new tokens, 1 repeat, tree_budget 16 "
-                             "(explicit options win)")
+                        help="<= 3-minute preset: plain, assisted_lookup and tree:salf with tree_budget=auto, "
+                             "5 questions, 64 new tokens, 1 repeat, and the cost curve (explicit options win)")
+    parser.add_argument("--cost-curve", action="store_true",
+                        help="add the target's measured verification cost curve to the report (on with --quick)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.set_defaults(handler=run_bench)
 
@@ -75,6 +80,8 @@ def bench_config(args: argparse.Namespace):
     filled = {key: getattr(args, key) if getattr(args, key) is not None else preset[key] for key in BENCH_DEFAULTS}
     overrides = [parse_override(text) for text in ((*QUICK_OVERRIDES,) if args.quick else ()) + tuple(args.overrides)]
     methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
+    if methods is None and args.quick:
+        methods = list(QUICK_METHODS)
     return BenchmarkConfig(
         model=args.model,
         drafter=None if args.drafter.lower() == "none" else args.drafter,
@@ -91,6 +98,7 @@ def bench_config(args: argparse.Namespace):
         sweep=parse_sweep(args.sweep) if args.sweep else None,
         seed=args.seed,
         progress=not args.no_progress,
+        cost_curve=args.cost_curve or args.quick,
         **filled,
     )
 
@@ -106,8 +114,74 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_calibrate_parser(subparsers: argparse._SubParsersAction) -> None:
+    from .benchmark.runner import DTYPE_CHOICES
+
+    parser = subparsers.add_parser(
+        "calibrate",
+        help="measure the target's verification cost curve c(rows, context) on this machine",
+        description=(
+            "Times one target forward per (new rows, cached context) exactly as a tree verification runs, prints the "
+            "curve, writes it as JSON to the latency cache tree_budget='auto' reads and as a PNG plot."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--model", default="smollm2-135m-instruct",
+                        help="target: asset short name, checkpoint folder, .gguf file or hub id")
+    parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--sizes", default="1,2,4,8,16,32,64", help="rows per forward (root included)")
+    parser.add_argument("--contexts", default="128,512", help="cached context lengths")
+    parser.add_argument("--repeats", type=int, default=2, help="timed repeats per point (fastest kept)")
+    parser.add_argument("--out", default="calibrate_out", help="folder for curve.json and curve.png")
+    parser.set_defaults(handler=run_calibrate)
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    import torch
+
+    from .benchmark.runner import BenchmarkConfig, load_model, torch_threads
+    from .benchmark.report import cost_curve_lines, plot_cost_curve
+    from .hardware import detect
+    from .latency import cache_path, calibrate_target
+
+    def numbers(text: str, name: str) -> tuple[int, ...]:
+        try:
+            values = tuple(int(v) for v in text.split(",") if v.strip())
+        except ValueError:
+            raise ValueError(f"--{name} takes comma-separated whole numbers, got {text!r}.") from None
+        if not values or min(values) < 1:
+            raise ValueError(f"--{name} needs numbers >= 1, got {text!r}.")
+        return values
+
+    sizes, contexts = numbers(args.sizes, "sizes"), numbers(args.contexts, "contexts")
+    if args.repeats < 1 or args.threads < 1:
+        raise ValueError("--repeats and --threads must be >= 1.")
+    dtype = BenchmarkConfig(dtype=args.dtype).resolved_dtype
+    model, _ = load_model(args.model, dtype)
+    with torch_threads(args.threads), torch.no_grad():
+        curve = calibrate_target(model.eval(), sizes=sizes, contexts=contexts, repeats=args.repeats)
+        cached = cache_path(curve.key)
+    hardware = detect(model.device)
+    print(f"{args.model} ({dtype}) on {hardware.describe().rsplit(';', 1)[0]}; {args.threads} threads)\n")
+    print("\n".join(cost_curve_lines(curve.to_json())[2:]))
+    folder = Path(args.out)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "curve.json").write_text(json.dumps({**curve.to_json(), "hardware": hardware.as_dict()}, indent=1))
+    plot_cost_curve(curve, folder / "curve.png", title=f"{args.model} {dtype}, {hardware.name}, {args.threads} thr")
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    cached.write_text(json.dumps(curve.to_json(), indent=1))
+    print(f"\nwrote {folder}/curve.json, {folder}/curve.png and the latency cache {cached}")
+    return 0
+
+
 #: subcommand -> function adding its parser (which sets ``handler``)
-COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {"bench": add_bench_parser}
+COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
+    "bench": add_bench_parser, "calibrate": add_calibrate_parser,
+}
 
 
 def plugin_commands() -> dict[str, Callable[[argparse._SubParsersAction], None]]:

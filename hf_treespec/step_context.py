@@ -39,6 +39,8 @@ class StepContext:
         draft_seconds: running mean of one draft forward measured so far in this generation (None before any, and
             None unless the policy's ``context_needs`` has ``"latencies"`` or the caller asked for timings).
         target_seconds: running mean of one target tree forward (same conditions).
+        speed: the generation's `SpeedModel` (cost curve, drafter cost, calibrated acceptance) when the policy sizes
+            its tree by measured cost (``tree_budget="auto"``); None otherwise.
     """
 
     root_token: int
@@ -50,6 +52,7 @@ class StepContext:
     target_hidden: torch.Tensor | None = None
     draft_seconds: float | None = None
     target_seconds: float | None = None
+    speed: object | None = None
 
 
 def sampling_params(generation_config: GenerationConfig) -> tuple[float, float]:

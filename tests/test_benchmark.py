@@ -328,7 +328,9 @@ def test_cli_parses_quick_preset_and_explicit_options():
     assert (cfg.num_questions, cfg.max_new_tokens, cfg.repeats) == (5, 16, 1)
     assert cfg.methods == ["plain", "tree:salf"] and cfg.sweep == ("tree_budget", [8, 16])
     assert [(o.selector, o.key, o.value) for o in cfg.overrides] == [
-        ("tree", "tree_budget", 16), ("salf", "salf_threshold", 0.3)]
+        ("tree", "tree_budget", "auto"), ("salf", "salf_threshold", 0.3)]
+    quick = bench_config(parser.parse_args(["bench", "--quick"]))
+    assert quick.methods == ["plain", "assisted_lookup", "tree:salf"] and quick.cost_curve
     variants = bench_config(parser.parse_args(["bench", "--methods", "tree:iid@tree_paths=2@tree_depth=3,tree:iid",
                                                "--set", "tree:iid@tree_paths=2.verifier=traversal"]))
     assert variants.methods == ["tree:iid@tree_paths=2@tree_depth=3", "tree:iid"]
@@ -337,7 +339,8 @@ def test_cli_parses_quick_preset_and_explicit_options():
     full = bench_config(parser.parse_args(["bench", "--drafter", "none"]))
     assert (full.max_new_tokens, full.num_questions, full.drafter, full.overrides) == (128, None, None, [])
     assert bench_config(parser.parse_args(["bench"])).drafter == "default"
-    assert (full.model, full.dtype, full.threads) == ("smollm2-135m-instruct", "bf16", 2)
+    assert (full.model, full.dtype, full.threads) == ("smollm2-135m-instruct", "auto", 2)
+    assert not full.cost_curve
 
 
 def test_cli_main_end_to_end_on_saved_tiny_model(tiny, questions_file, tmp_path, capsys):
@@ -383,5 +386,39 @@ def test_real_model_quick_smoke(tmp_path):
     methods = {m["method"]: m for m in summary["methods"]}
     assert methods["plain"]["speedup"] == 1.0 and methods["plain"]["tau"] == 1.0
     assert methods["tree:salf"]["tau"] > 1.0 and methods["tree:salf"]["compared"] == 2
-    assert summary["settings"]["model_dtype"] == "bfloat16"
+    from hf_treespec.hardware import fast_dtype
+
+    assert summary["settings"]["model_dtype"] == str(fast_dtype()).removeprefix("torch.")  # --dtype auto
+    assert summary["settings"]["hardware"]["name"] and summary["settings"]["cost_curve"]["sizes"]
     assert summary["settings"]["drafter_class"] == "TreeSpecDrafterModel"  # the shipped drafter is the default
+
+
+def test_cli_quick_style_run_with_auto_budget_cost_curve_and_hardware(tiny, questions_file, tmp_path, capsys,
+                                                                       monkeypatch):
+    """The main job's shape on the tiny model: headline rows, tree_budget=auto, cost curve and hardware in the report,
+    then `hf-treespec calibrate` (table, JSON, PNG, latency cache)."""
+    monkeypatch.setenv("HF_TREESPEC_CACHE", str(tmp_path / "cache"))
+    model, tokenizer, _ = tiny
+    folder = tmp_path / "tiny"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    out = tmp_path / "quick"
+    assert main(["bench", "--quick", "--model", str(folder), "--drafter", "truncated:2", "--threads", "1",
+                 "--questions", str(questions_file), "--max-new-tokens", "6", "--out", str(out), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "- hardware: " in printed and "Target cost curve" in printed
+    summary = json.loads((out / "summary.json").read_text())
+    assert [m["method"] for m in summary["methods"]] == ["plain", "assisted_lookup", "tree:salf"]
+    assert summary["settings"]["dtype_requested"] == "auto" and summary["settings"]["hardware"]["device_type"] == "cpu"
+    assert summary["settings"]["overrides"] == ["tree.tree_budget=auto"]
+    salf = summary["methods"][2]
+    assert salf["identical"] == 2 and 0 <= salf["drafted_share"] <= 1
+    calib = tmp_path / "calib"
+    assert main(["calibrate", "--model", str(folder), "--threads", "1", "--sizes", "1,2,4", "--contexts", "8",
+                 "--repeats", "1", "--out", str(calib)]) == 0
+    printed = capsys.readouterr().out
+    assert "| context \\ rows | 1 | 2 | 4 |" in printed
+    assert (calib / "curve.png").stat().st_size > 0
+    assert json.loads((calib / "curve.json").read_text())["sizes"] == [1, 2, 4]
+    assert list((tmp_path / "cache" / "latency").glob("*.json"))
+    assert main(["calibrate", "--model", str(folder), "--sizes", "0"]) == 2

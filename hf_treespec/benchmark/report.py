@@ -85,6 +85,9 @@ def _header(settings: dict[str, Any]) -> str:
         f"({settings['processor']}), torch {settings['torch']}, transformers {settings['transformers']}, "
         f"{settings['date']}",
     ]
+    if settings.get("hardware_summary"):
+        lines.append(f"- hardware: {settings['hardware_summary']}; dtype {settings.get('dtype')}"
+                     + (" (auto: this machine's fast dtype)" if settings.get("dtype_requested") == "auto" else ""))
     if settings["overrides"]:
         lines.append(f"- overrides: {', '.join(f'`{o}`' for o in settings['overrides'])}")
     return "\n".join(lines)
@@ -113,6 +116,12 @@ def markdown_report(result: BenchmarkResult, summaries: list[MethodSummary] | No
         "outputs equal to plain `generate`'s token for token; max top-2 gap = largest gap between plain's two best "
         "logits at a divergence (small = a near-tie decided by rounding).",
     ]
+    drafted = [s for s in main if s.drafted_share is not None]
+    if any(s.drafted_share < 1 for s in drafted):
+        lines += ["", "Steps that ran a draft tree (the rest were draft-free target steps chosen by "
+                      "`tree_budget='auto'`): " + ", ".join(f"{s.method} {100 * s.drafted_share:.0f}%" for s in drafted)]
+    if result.settings.get("cost_curve"):
+        lines += ["", *cost_curve_lines(result.settings["cost_curve"])]
     if result.skipped:
         lines += ["", "Skipped (cannot run in this setting):"]
         lines += [f"- {name}: {reason}" for name, reason in result.skipped.items()]
@@ -147,6 +156,37 @@ def markdown_report(result: BenchmarkResult, summaries: list[MethodSummary] | No
                 f"{_identity(s, greedy)} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def cost_curve_lines(curve_json: dict) -> list[str]:
+    """The target's measured verification cost (ms per forward) and its ratio to a one-token step."""
+    from ..latency import CostCurve
+
+    curve = CostCurve.from_json(curve_json)
+    ratios = "| x one-token step | " + " | ".join(
+        f"{s / curve.seconds[0][0]:.1f}" for s in curve.seconds[0]) + " |"
+    return [
+        "## Target cost curve on this machine (`hf-treespec calibrate`)",
+        "",
+        f"ms per target forward with n new rows (root included); first ratio row at context {curve.contexts[0]}.",
+        "",
+        curve.table(),
+        ratios,
+    ]
+
+
+def plot_cost_curve(curve, path: Path, title: str = "") -> None:
+    """ms per target forward against rows, one line per context length, with the 1-row cost as a dotted floor."""
+    fig, ax = _figure(1, 6.0)
+    for context, row in zip(curve.contexts, curve.seconds):
+        ax.plot(curve.sizes, [1000 * s for s in row], marker="o", label=f"context {context}")
+    ax.axhline(1000 * curve.seconds[0][0], linestyle=":", color="grey", label="one-token step")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("rows verified in one forward (root included)")
+    ax.set_ylabel("ms per target forward")
+    ax.set_title(title or "target verification cost")
+    ax.legend()
+    fig.savefig(path, dpi=120)
 
 
 def _sort_key(value: Any) -> tuple:

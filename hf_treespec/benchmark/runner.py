@@ -45,6 +45,9 @@ from .methods import (
 )
 
 DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+#: --dtype auto: the machine's fast dtype (bf16 on a GPU or a CPU with avx512_bf16 / AMX, else fp32)
+AUTO_DTYPE = "auto"
+DTYPE_CHOICES = (AUTO_DTYPE, *DTYPES)
 BASELINE = "plain"
 WARMUP_TOKENS = 8
 
@@ -98,7 +101,7 @@ class BenchmarkConfig:
 
     model: str = "smollm2-135m-instruct"
     drafter: str | None = "default"
-    dtype: str = "bf16"
+    dtype: str = AUTO_DTYPE
     threads: int = 2
     questions: str | None = None
     dataset: str = "mtbench"
@@ -114,10 +117,20 @@ class BenchmarkConfig:
     repeats: int = 1
     seed: int = 0
     progress: bool = True
+    cost_curve: bool = False  # measure (or read the cached) target cost curve c(rows, context) into the report
+
+    @property
+    def resolved_dtype(self) -> str:
+        """``dtype``, with ``auto`` replaced by this machine's fast dtype."""
+        if self.dtype != AUTO_DTYPE:
+            return self.dtype
+        from ..hardware import fast_dtype
+
+        return {v: k for k, v in DTYPES.items()}[fast_dtype()]
 
     def validate(self) -> None:
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}.")
+        if self.dtype not in DTYPE_CHOICES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}.")
         if self.dataset not in DATASETS:
             raise ValueError(f"dataset must be one of {', '.join(DATASETS)}, got {self.dataset!r}.")
         for name, value, low in (("threads", self.threads, 1), ("max_new_tokens", self.max_new_tokens, 1),
@@ -155,6 +168,7 @@ class QuestionResult:
     verify_seconds: float | None = None
     draft_forwards: int | None = None
     mean_tree_size: float | None = None
+    drafted_share: float | None = None  # steps that verified a draft tree / all steps (auto may skip drafting)
     identical: bool | None = None
     divergence: dict[str, Any] | None = None
     tokens: list[int] = field(default_factory=list)
@@ -178,6 +192,7 @@ class MethodSummary:
     verify_seconds: float | None
     other_seconds: float | None
     mean_tree_size: float | None
+    drafted_share: float | None
     identical: int | None
     compared: int | None
     divergences: list[dict[str, Any]]
@@ -211,6 +226,7 @@ class BenchmarkResult:
         draft = sum(r.draft_seconds for r in timed) if timed else None
         verify = sum(r.verify_seconds for r in timed) if timed else None
         sizes = [r.mean_tree_size for r in rows if r.mean_tree_size is not None]
+        shares = [r.drafted_share for r in rows if r.drafted_share is not None]
         compared = [r for r in rows if r.identical is not None]
         base, value = self.sweep_methods.get(name, (name, None))
         return MethodSummary(
@@ -227,6 +243,7 @@ class BenchmarkResult:
             verify_seconds=verify,
             other_seconds=seconds - draft - verify if timed else None,
             mean_tree_size=statistics.fmean(sizes) if sizes else None,
+            drafted_share=statistics.fmean(shares) if shares else None,
             identical=sum(r.identical for r in compared) if compared else None,
             compared=len(compared) if compared else None,
             divergences=[{"question_id": r.question_id, **r.divergence} for r in rows if r.divergence],
@@ -393,7 +410,7 @@ def run_benchmark(
     config.validate()
     labels = {"model": config.model, "drafter": config.drafter}
     if model is None:
-        model, tokenizer = load_model(config.model, config.dtype)
+        model, tokenizer = load_model(config.model, config.resolved_dtype)
     elif tokenizer is None:
         raise ValueError("pass the tokenizer with an injected model (the prompts use its chat template).")
     else:
@@ -401,7 +418,7 @@ def run_benchmark(
         labels["model"] = getattr(model, "name_or_path", "") or "(injected)"
     model.eval()
     if drafter is None and config.drafter:
-        drafter = load_drafter(config.drafter, model, config.dtype, target_name=config.model)
+        drafter = load_drafter(config.drafter, model, config.resolved_dtype, target_name=config.model)
     elif drafter is not None:
         labels["drafter"] = getattr(drafter, "name_or_path", "") or "(injected)"
     if drafter is model:
@@ -415,18 +432,29 @@ def run_benchmark(
     gen_kwargs = shared_generate_kwargs(config, model, tokenizer)
 
     with torch_threads(config.threads), ForwardCounter(model) as counter:
+        curve = _cost_curve(model) if config.cost_curve else None
         methods, skipped = _warm_up(config, methods, model, drafter, prompts[0], gen_kwargs)
         runs = _timed_runs(config, methods, model, drafter, prompts, gen_kwargs, counter)
         records = _records(config, methods, questions, prompts, runs, model, tokenizer, gen_kwargs)
 
+    settings = _settings(config, labels, model, drafter, len(questions))
+    settings["cost_curve"] = curve.to_json() if curve is not None else None
     return BenchmarkResult(
-        settings=_settings(config, labels, model, drafter, len(questions)),
+        settings=settings,
         methods=[m.name for m in methods],
         records=records,
         skipped=skipped,
         sweep=config.sweep,
         sweep_methods={k: v for k, v in variants.items() if k in {m.name for m in methods}},
     )
+
+
+def _cost_curve(model):
+    """The target's verification cost curve on this machine (cached after the first measurement)."""
+    from ..latency import load_or_calibrate
+
+    with torch.no_grad():
+        return load_or_calibrate(model)
 
 
 def _warm_up(config, methods, model, drafter, prompt, gen_kwargs) -> tuple[list[BenchMethod], dict[str, str]]:
@@ -499,6 +527,8 @@ def _records(config, methods, questions, prompts, runs, model, tokenizer, gen_kw
                 verify_seconds=output.verify_seconds,
                 draft_forwards=output.draft_forwards,
                 mean_tree_size=statistics.fmean(output.tree_sizes) if output.tree_sizes else None,
+                drafted_share=(sum(s > 0 for s in output.tree_sizes) / len(output.tree_sizes)
+                               if output.tree_sizes else None),
                 tokens=tokens.tolist(),
                 text=tokenizer.decode(tokens, skip_special_tokens=True),
             )
@@ -550,7 +580,15 @@ def divergence(plain: torch.Tensor, other: torch.Tensor, plain_logits: torch.Ten
 def _settings(config: BenchmarkConfig, labels: dict[str, Any], model, drafter, num_questions: int) -> dict[str, Any]:
     import transformers
 
+    from ..hardware import Hardware, detect
+
     settings = {**asdict(config), **labels}
+    settings["dtype"] = config.resolved_dtype
+    settings["dtype_requested"] = config.dtype
+    hardware = detect(model.device)
+    settings["hardware"] = {**hardware.as_dict(), "threads": config.threads}
+    settings["hardware_summary"] = Hardware(hardware.device_type, hardware.name, hardware.flags,
+                                            config.threads).describe()
     settings["overrides"] = [f"{o.selector}.{o.key}={o.value}" for o in config.overrides]
     settings["sweep"] = list(config.sweep) if config.sweep else None
     settings.pop("progress")

@@ -32,6 +32,8 @@ class TreeSpecGenerateOutput(GenerateDecoderOnlyOutput):
             stopping criterion cut the chunk), so their mean is tau.
         tree_sizes: draft nodes verified per step.
         draft_seconds / verify_seconds / total_seconds: wall-clock split (verify = target forward + verification).
+        drafted_steps: steps that verified at least one draft node; the others ran the target alone (one token, a
+            plain ``generate`` step), which ``tree_budget="auto"`` chooses where no tree pays on this hardware.
     """
 
     accepted_lengths: list[int] | None = None
@@ -40,12 +42,20 @@ class TreeSpecGenerateOutput(GenerateDecoderOnlyOutput):
     draft_seconds: float | None = None
     verify_seconds: float | None = None
     total_seconds: float | None = None
+    drafted_steps: int | None = None
 
 
 def resolve(generation_config: GenerationConfig, drafter: Drafter | None = None) -> tuple[TreePolicy, Verifier]:
     """Builds the policy and verifier named in the generation config, refusing pairs that would not be lossless.
     Kwargs left unset may be filled from what ships with ``drafter`` (``TreePolicy.defaults_from_drafter``)."""
     settings = TreeSpecSettings.from_generation_config(generation_config)
+    beams = getattr(generation_config, "num_beams", None) or 1
+    if beams > 1:
+        raise ValueError(
+            f"tree_policy cannot be combined with num_beams={beams}: tree speculation decodes one sequence (greedy "
+            "or sampled), and generate would silently drop beam search. Use num_beams=1 with tree_policy, or drop "
+            "tree_policy to run beam search."
+        )
     policy_cls = POLICIES.get(settings.policy)
     params = {k: v for k, v in settings.policy_params.items() if k in policy_cls.defaults and v is not None}
     if drafter is not None:
@@ -108,6 +118,7 @@ def tree_speculative_decoding(
         )
     drafter = check_drafter(model, assistant_model)
     policy, verifier = resolve(generation_config, drafter)
+    speed = auto_speed_model(model, drafter, policy, generation_config)
     check_tree_attention(model, role="target model")
     cache = model_kwargs.get("past_key_values")
     if cache is None:
@@ -123,7 +134,7 @@ def tree_speculative_decoding(
     # the clock syncs the device only when someone reads its numbers: the caller (return_dict_in_generate) or the
     # policy (context_needs has "latencies")
     needs = policy.context_needs
-    clock = Clock(device, enabled=want_dict or "latencies" in needs)
+    clock = Clock(device, enabled=want_dict or "latencies" in needs or speed is not None)
     t_start = clock.now()
 
     # prefill: the target's first token, chosen exactly as plain generate chooses it
@@ -145,7 +156,7 @@ def tree_speculative_decoding(
             root_token=int(input_ids[0, -1]), device=device, context_length=input_ids.shape[1],
             temperature=temperature, top_p=top_p, target_probs=probs_row.softmax(-1),
             target_hidden=states.parts[-1][0, row] if "target_hidden" in needs else None,
-            draft_seconds=draft_mean.value, target_seconds=target_mean.value,
+            draft_seconds=draft_mean.value, target_seconds=target_mean.value, speed=speed,
         )
 
     with capture() as states:
@@ -215,6 +226,12 @@ def tree_speculative_decoding(
         accepted = result.accepted
         new_tokens = torch.cat([tree.tokens[accepted[1:]], torch.tensor([result.next_token], device=tree.device)])
         tree_sizes.append(tree.num_nodes - 1)
+        if speed is not None:
+            speed.observe_step(
+                tree_scores=tree.scores[1:], on_path=_on_path(tree, accepted), rows=tree.num_nodes,
+                context=input_ids.shape[1], draft_seconds=t1 - t0, draft_forwards=source.num_forwards,
+                verify_seconds=t2 - t1, tokens=int(accepted.numel()),
+            )
         target_kv.commit(tree, accepted)
         drafter.commit(tree, accepted, drafter_features(states, accepted))
         finished, count = emit(new_tokens, processed[accepted], raw[accepted])
@@ -236,4 +253,25 @@ def tree_speculative_decoding(
         draft_seconds=draft_seconds,
         verify_seconds=verify_seconds,
         total_seconds=clock.now() - t_start,
+        drafted_steps=sum(size > 0 for size in tree_sizes),
     )
+
+
+def auto_speed_model(model, drafter: Drafter, policy: TreePolicy, generation_config: GenerationConfig):
+    """The `SpeedModel` an auto-sized policy decides with (None otherwise): kept on the target per (drafter,
+    sampling settings), its cost curve calibrated at first use and cached on disk (`hf_treespec.latency`)."""
+    if not policy.auto_sized:
+        return None
+    from ..latency import speed_model_for
+
+    assistant = getattr(drafter, "model", drafter)
+    key = (id(assistant), getattr(assistant, "name_or_path", ""), type(drafter).__name__,
+           *sampling_params(generation_config))
+    return speed_model_for(model, key)
+
+
+def _on_path(tree: DraftTree, accepted: torch.Tensor) -> torch.Tensor:
+    """Bool ``[num_nodes - 1]``: whether each draft node (root excluded) is on the accepted path."""
+    mask = torch.zeros(tree.num_nodes, dtype=torch.bool, device=tree.device)
+    mask[accepted] = True
+    return mask[1:]

@@ -32,7 +32,7 @@ class TreeSpecGenerationMixin:
             if inputs.shape[1] == 0:
                 raise ValueError("tree speculation needs a non-empty prompt (input_ids has length 0).")
         config = copy.deepcopy(generation_config or self.generation_config)
-        for key in (*TREE_GENERATION_KWARGS, "do_sample"):
+        for key in (*TREE_GENERATION_KWARGS, "do_sample", "num_beams"):
             if key in kwargs:
                 setattr(config, key, kwargs[key])
         drafter = check_drafter(self, kwargs.get("assistant_model"))

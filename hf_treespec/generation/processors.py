@@ -1,24 +1,71 @@
-"""Applies generate's own logits processors to every tree node, with the node's full prefix as ``input_ids``."""
+"""Applies generate's own logits processors to every tree node, with the node's full prefix as ``input_ids``.
+
+Most of generate's warpers (temperature, top-k, top-p, min-p, typical, epsilon, eta) transform each row of scores on
+its own: they never read ``input_ids``. Those run once over all tree rows (one batched call, which also lets torch
+spread the per-row sort of top-p over threads). Processors that read the prefix (repetition penalty,
+no-repeat-ngram, min-length, bad words, ...) run per depth with each node's own prefix. A processor class not listed
+in `PREFIX_INDEPENDENT` is treated as prefix-dependent (safe by default); `register_prefix_independent` adds one.
+"""
 
 from __future__ import annotations
 
+from itertools import groupby
+
 import torch
 from transformers import LogitsProcessorList
+from transformers.generation import logits_process as lp
 
 from ..tree import DraftTree
+
+#: processor classes whose output row depends only on that row's scores (exact class match: a subclass may read the
+#: prefix). Extend with `register_prefix_independent`.
+PREFIX_INDEPENDENT: set[type] = {
+    cls
+    for name in (
+        "TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper", "TypicalLogitsWarper",
+        "EpsilonLogitsWarper", "EtaLogitsWarper", "InfNanRemoveLogitsProcessor", "LogitNormalization",
+        "SuppressTokensLogitsProcessor",
+    )
+    if (cls := getattr(lp, name, None)) is not None
+}
+
+
+def register_prefix_independent(cls: type) -> type:
+    """Declares a custom processor class row-wise (it must not read ``input_ids``), so tree rows share one call."""
+    PREFIX_INDEPENDENT.add(cls)
+    return cls
+
+
+def is_prefix_independent(processor) -> bool:
+    return type(processor) in PREFIX_INDEPENDENT
 
 
 def process_tree_logits(
     processors: LogitsProcessorList, prefix_ids: torch.Tensor, tree: DraftTree, nodes: torch.Tensor,
     logits: torch.Tensor,
 ) -> torch.Tensor:
-    """Processed logits ``[len(nodes), V]``.
+    """Processed logits ``[len(nodes), V]``, in generate's processor order.
 
     ``prefix_ids`` ``[1, L]`` ends with the tree root. Node v sees ``prefix_ids + path(v)[1:]``, exactly what plain
-    ``generate`` would pass after committing that path; nodes of equal depth share a length and go in one call.
+    ``generate`` would pass after committing that path. Consecutive prefix-independent processors run once over all
+    rows; each run of prefix-dependent ones runs per depth (nodes of equal depth share a length: one call).
     """
     if len(processors) == 0:
         return logits
+    out = logits.clone()  # a processor may write in place; the raw logits are returned separately
+    for independent, run in groupby(processors, key=is_prefix_independent):
+        run = list(run)
+        if independent:
+            ids = prefix_ids.expand(out.shape[0], -1)  # not read by these processors; shaped as generate passes it
+            for processor in run:
+                out = processor(ids, out)
+        else:
+            out = _per_depth(LogitsProcessorList(run), prefix_ids, tree, nodes, out)
+    return out
+
+
+def _per_depth(processors: LogitsProcessorList, prefix_ids: torch.Tensor, tree: DraftTree, nodes: torch.Tensor,
+               logits: torch.Tensor) -> torch.Tensor:
     paths = tree.paths()
     out = torch.empty_like(logits)
     depths = tree.depth[nodes]

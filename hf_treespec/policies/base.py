@@ -32,6 +32,7 @@ from ..registry import Registry
 from ..step_context import CONTEXT_NEEDS, StepContext
 from ..randomness import Randomness
 from ..tree import DraftTree, Regime
+from .auto import check_budget, is_auto
 
 if TYPE_CHECKING:
     from ..drafters.base import Drafter
@@ -77,6 +78,14 @@ class TreePolicy(ABC):
     name: ClassVar[str] = ""
     #: optional `StepContext` facts this policy reads (names from `CONTEXT_NEEDS`); the loop gathers only these
     context_needs: frozenset[str] = frozenset()
+    #: True for policies that implement ``tree_budget="auto"``
+    supports_auto: ClassVar[bool] = False
+
+    @property
+    def auto_sized(self) -> bool:
+        """True when the tree is sized per step by measured cost (``tree_budget="auto"``); the loop then passes a
+        `StepContext` carrying its `SpeedModel` and learns from every verified step."""
+        return is_auto(self.params.get("tree_budget"))
 
     def __init__(self, do_sample: bool = False, **params: Any):
         self.do_sample = do_sample
@@ -98,8 +107,11 @@ class TreePolicy(ABC):
 
     def validate(self) -> None:
         budget = self.params.get("tree_budget")
-        if budget is not None and int(budget) < 1:
-            raise ValueError(f"tree_budget must be >= 1 (number of draft nodes per step), got {budget}.")
+        if budget is not None:
+            if is_auto(budget) and not self.supports_auto:
+                raise ValueError(f"tree_policy={self.name!r} does not size its tree by measured cost; tree_budget='auto'"
+                                 " works with the best-first policies (salf, optimal, eagle2). Give a number.")
+            check_budget(budget)
         depth = self.params.get("tree_depth")
         if depth is not None and int(depth) < 1:
             raise ValueError(f"tree_depth must be >= 1, got {depth}.")

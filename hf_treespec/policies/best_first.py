@@ -3,6 +3,10 @@
 A capacity-N queue Q of unexpanded nodes and the output tree G. Each iteration pops the B best nodes of Q into G,
 drops those that cannot stay in G (pr <= min pr of a full G), stops when what is left sums below ``th`` (SALF;
 th = 0 is the optimal search), and expands the rest in one batched draft forward.
+
+With ``tree_budget="auto"`` the measured cost rule (`.auto`) replaces both N and th: the search keeps expanding while
+the next expansions can still raise the expected tokens per second, then keeps the best-ranked prefix of G (possibly
+the root alone). SALF and optimal search are then the same policy.
 """
 
 from __future__ import annotations
@@ -10,12 +14,14 @@ from __future__ import annotations
 import torch
 
 from ..tree import DraftTree
+from .auto import AUTO_MAX_NODES, sizer_from
 from .base import POLICIES, TreePolicy, topk_children
 
 
 @POLICIES.register("salf")
 class SALFPolicy(TreePolicy):
     defaults = {"tree_budget": 60, "tree_depth": None, "salf_batch": 10, "salf_threshold": 0.6}
+    supports_auto = True
 
     def validate(self) -> None:
         super().validate()
@@ -27,10 +33,14 @@ class SALFPolicy(TreePolicy):
 
     def build(self, source, root_token, *, context, generator=None) -> DraftTree:
         device = context.device
-        capacity = int(self.params["tree_budget"]) + 1  # G holds the root and N draft nodes
+        sizer = sizer_from(context, self.name) if self.auto_sized else None
+        tree = DraftTree.root(root_token, device=device)
+        if sizer is not None and not sizer.should_draft():
+            return tree
+        budget = AUTO_MAX_NODES if sizer is not None else int(self.params["tree_budget"])
+        capacity = budget + 1  # G holds the root and N draft nodes
         batch, th = int(self.params["salf_batch"]), float(self.params["salf_threshold"])
         max_depth = self.params["tree_depth"]
-        tree = DraftTree.root(root_token, device=device)
         in_g = torch.ones(1, dtype=torch.bool, device=device)  # popped into G
         fresh = torch.ones(1, dtype=torch.bool, device=device)  # popped in the latest iteration (first: the root)
         while True:
@@ -40,7 +50,13 @@ class SALFPolicy(TreePolicy):
             if max_depth is not None:
                 candidates &= tree.depth < int(max_depth)
             expand = candidates.nonzero().squeeze(-1)
-            if expand.numel() == 0 or float(tree.scores[expand].exp().sum()) < th:
+            if expand.numel() == 0:
+                break
+            if sizer is not None:
+                if not sizer.worth_expanding(tree, expand, in_g):
+                    break
+                sizer.expansions += 1
+            elif float(tree.scores[expand].exp().sum()) < th:
                 break
             vals, toks = topk_children(source, tree, expand, capacity)
             k = vals.shape[-1]
@@ -55,7 +71,8 @@ class SALFPolicy(TreePolicy):
             fresh = torch.zeros_like(in_g)
             fresh[best] = True
             tree, in_g, fresh = _cap_g(tree, in_g, fresh, capacity)
-        return tree.select(in_g.nonzero().squeeze(-1))
+        tree = tree.select(in_g.nonzero().squeeze(-1))
+        return sizer.prune(tree) if sizer is not None else tree
 
 
 def _pad(mask: torch.Tensor, size: int) -> torch.Tensor:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..tree import DraftTree
+from .auto import AUTO_MAX_NODES, sizer_from
 from .base import POLICIES, TreePolicy, top_by_score, topk_children
 
 
@@ -21,16 +22,28 @@ def add_topk_children(tree: DraftTree, nodes: torch.Tensor, vals: torch.Tensor, 
 @POLICIES.register("eagle2")
 class Eagle2Policy(TreePolicy):
     defaults = {"tree_budget": 60, "tree_depth": 7, "tree_topk": 10}
+    supports_auto = True
 
     def build(self, source, root_token, *, context, generator=None) -> DraftTree:
+        """With ``tree_budget="auto"`` the beam deepens while the cost rule says the next level can pay, and the final
+        rerank keeps the rate-maximising number of nodes (possibly none: a step without drafts)."""
         device = context.device
-        k, depth, budget = (int(self.params[p]) for p in ("tree_topk", "tree_depth", "tree_budget"))
+        sizer = sizer_from(context, self.name) if self.auto_sized else None
         tree = DraftTree.root(root_token, device=device)
+        if sizer is not None and not sizer.should_draft():
+            return tree
+        k, depth = int(self.params["tree_topk"]), int(self.params["tree_depth"])
+        budget = AUTO_MAX_NODES if sizer is not None else int(self.params["tree_budget"])
         frontier = torch.zeros(1, dtype=torch.long, device=device)
         for _ in range(depth):
+            if sizer is not None:
+                if not sizer.worth_expanding(tree, frontier):
+                    break
+                sizer.expansions += 1
             tree, new = add_topk_children(tree, frontier, *topk_children(source, tree, frontier, k))
             if new.numel() == 0:  # the drafter has no proposal here
                 break
             beam = tree.scores[new].topk(min(k, new.numel())).indices
             frontier = new[beam.sort().values]
-        return top_by_score(tree, budget)
+        tree = top_by_score(tree, budget)
+        return sizer.prune(tree) if sizer is not None else tree

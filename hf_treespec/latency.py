@@ -1,0 +1,357 @@
+"""Measured costs and acceptance: what ``tree_budget="auto"`` sizes every tree by.
+
+- `CostCurve`: seconds of one target verification with ``n`` rows (root included) over ``context`` cached tokens,
+  measured once per (model, dtype, device, threads) by `calibrate_target` (a few seconds), cached as JSON under
+  ``$HF_TREESPEC_CACHE/latency/`` and refined online from the real steps (EMA).
+- `AcceptanceTable`: draft score (log of the path's draft probability) -> probability that the target accepts the
+  node, binned on a log2 scale, learned online from the verified trees (EMA of hits, isotonic across bins).
+- `SpeedModel`: both, plus the drafter's cost per forward and the realised speed of drafted vs. draft-free steps, so
+  the loop can stop drafting where no tree pays (with periodic re-probing).
+
+Nothing here is global: a `SpeedModel` lives on the model instance that uses it (see `speed_model_for`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+#: rows of one calibration forward (root included) and cached-context lengths measured
+CALIBRATION_SIZES = (1, 2, 4, 8, 16, 32, 64)
+CALIBRATION_CONTEXTS = (128, 512)
+#: EMA weight of one online observation
+COST_RATE = 0.1
+#: a drafted step is forced after this many draft-free steps, so a drafter that became useful is noticed; the
+#: interval doubles after every probe slower than a draft-free step (up to MAX_REPROBE_EVERY), so a drafter that never
+#: pays costs next to nothing
+REPROBE_EVERY = 16
+MAX_REPROBE_EVERY = 256
+
+
+def _interp(x: float, xs: list[float], ys: list[float]) -> float:
+    """Piecewise-linear interpolation, linear extrapolation past both ends (costs keep growing past the grid)."""
+    if len(xs) == 1:
+        return ys[0]
+    i = 1
+    while i < len(xs) - 1 and x > xs[i]:
+        i += 1
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+def _interp_tensor(x: torch.Tensor, xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
+    """`_interp` over a tensor of points."""
+    if xs.numel() == 1:
+        return ys.expand_as(x).clone()
+    i = torch.searchsorted(xs, x).clamp(1, xs.numel() - 1)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+@dataclass
+class CostCurve:
+    """``seconds[j][i]``: one target forward with ``sizes[i]`` rows over ``contexts[j]`` cached tokens."""
+
+    sizes: list[int]
+    contexts: list[int]
+    seconds: list[list[float]]
+    key: dict = field(default_factory=dict)  # what it was measured for (model, dtype, device, threads)
+
+    def __post_init__(self) -> None:
+        if not self.sizes or len(self.seconds) != len(self.contexts) or any(
+            len(row) != len(self.sizes) for row in self.seconds
+        ):
+            raise ValueError("CostCurve: seconds must be [len(contexts)][len(sizes)] with at least one size.")
+
+    def __call__(self, rows: int, context: int) -> float:
+        """Predicted seconds; never below the one-row cost's floor of 0 and nondecreasing in ``rows``."""
+        per_context = [max(_interp(rows, self.sizes, row), 1e-9) for row in self.seconds]
+        if len(self.contexts) == 1:
+            return per_context[0]
+        return max(_interp(context, self.contexts, per_context), 1e-9)
+
+    def costs(self, max_rows: int, context: int) -> torch.Tensor:
+        """``[max_rows]`` predicted seconds for 1..max_rows rows (one vectorised call per decoding step)."""
+        rows = torch.arange(1, max_rows + 1, dtype=torch.float64)
+        sizes = torch.tensor(self.sizes, dtype=torch.float64)
+        per_context = [_interp_tensor(rows, sizes, torch.tensor(r, dtype=torch.float64)) for r in self.seconds]
+        if len(self.contexts) == 1:
+            out = per_context[0]
+        else:
+            contexts = [float(c) for c in self.contexts]
+            i = 1
+            while i < len(contexts) - 1 and context > contexts[i]:
+                i += 1
+            w = (context - contexts[i - 1]) / (contexts[i] - contexts[i - 1])
+            out = per_context[i - 1] + w * (per_context[i] - per_context[i - 1])
+        return out.clamp(min=1e-9).cummax(0).values
+
+    def observe(self, rows: int, context: int, seconds: float, rate: float = COST_RATE) -> None:
+        """Moves the grid points around (rows, context) towards a measured step, weighted by closeness, then keeps the
+        curve nondecreasing in ``rows``."""
+        if seconds <= 0 or not math.isfinite(seconds):
+            return
+        ratio = seconds / self(rows, context)
+        j = min(range(len(self.contexts)), key=lambda c: abs(self.contexts[c] - context))
+        hi = next((i for i, s in enumerate(self.sizes) if s >= rows), len(self.sizes) - 1)
+        lo = max(hi - 1, 0) if self.sizes[hi] != rows else hi
+        span = max(self.sizes[hi] - self.sizes[lo], 1)
+        weights = {hi: 1.0} if lo == hi else {lo: (self.sizes[hi] - rows) / span, hi: (rows - self.sizes[lo]) / span}
+        row = self.seconds[j]
+        for i, w in weights.items():
+            row[i] *= 1 + rate * max(w, 0.0) * (ratio - 1)
+        for i in range(1, len(row)):
+            row[i] = max(row[i], row[i - 1])
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "CostCurve":
+        return cls(list(data["sizes"]), list(data["contexts"]), [list(r) for r in data["seconds"]], data.get("key", {}))
+
+    def table(self) -> str:
+        """Markdown table: ms per forward, one column per row count, one row per context length."""
+        head = "| context \\ rows | " + " | ".join(str(s) for s in self.sizes) + " |"
+        sep = "|---|" + "---:|" * len(self.sizes)
+        body = [f"| {c} | " + " | ".join(f"{1000 * s:.1f}" for s in row) + " |"
+                for c, row in zip(self.contexts, self.seconds)]
+        return "\n".join([head, sep, *body])
+
+
+def model_key(model: torch.nn.Module, threads: int | None = None) -> dict:
+    """What a calibration is valid for: model identity (name + config hash), dtype, device/hardware, threads."""
+    from .hardware import detect
+
+    config = getattr(model, "config", None)
+    text = config.to_json_string(use_diff=False) if config is not None else type(model).__name__
+    param = next(model.parameters())
+    return {
+        "model": getattr(model, "name_or_path", "") or type(model).__name__,
+        "config_sha": hashlib.sha256(text.encode()).hexdigest()[:16],
+        "dtype": str(param.dtype).removeprefix("torch."),
+        "device": str(param.device),
+        "hardware": detect(param.device).name,
+        "threads": int(threads if threads is not None else torch.get_num_threads()),
+    }
+
+
+def cache_path(key: dict, cache_dir: str | Path | None = None) -> Path:
+    from .assets import default_cache_dir
+
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    return Path(cache_dir or default_cache_dir()) / "latency" / f"{digest}.json"
+
+
+def _float_causal_mask(past: int, rows: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """The 4D float mask a tree forward uses (0 / finfo.min), here for a chain: same kernel path as verification."""
+    allowed = torch.ones(rows, past + rows, dtype=torch.bool, device=device).tril(past)
+    mask = torch.zeros(rows, past + rows, dtype=dtype, device=device)
+    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
+
+
+@torch.no_grad()
+def calibrate_target(
+    model: torch.nn.Module,
+    sizes: tuple[int, ...] = CALIBRATION_SIZES,
+    contexts: tuple[int, ...] = CALIBRATION_CONTEXTS,
+    repeats: int = 2,
+) -> CostCurve:
+    """Times one target forward per (rows, context) exactly as a tree verification runs (4D float mask, explicit
+    positions, a DynamicCache of ``context`` tokens), keeping the fastest of ``repeats`` after one warm-up."""
+    from transformers import DynamicCache
+
+    device, dtype = next(model.parameters()).device, model.dtype
+    vocab = int(model.config.get_text_config().vocab_size)
+    gen = torch.Generator().manual_seed(0)
+    seconds = []
+    for context in contexts:
+        cache = DynamicCache(config=model.config)
+        prefix = torch.randint(0, vocab, (1, context), generator=gen).to(device)
+        model(input_ids=prefix, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        row = []
+        for rows in sizes:
+            ids = torch.randint(0, vocab, (1, rows), generator=gen).to(device)
+            positions = torch.arange(context, context + rows, device=device)[None]
+            mask = _float_causal_mask(context, rows, dtype, device)
+            best = float("inf")
+            for attempt in range(repeats + 1):
+                _sync(device)
+                t0 = time.perf_counter()
+                model(input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=cache, use_cache=True)
+                _sync(device)
+                if attempt:  # the first is a warm-up
+                    best = min(best, time.perf_counter() - t0)
+                cache.crop(-rows)  # drop the rows just added (transformers 5.23: a negative count)
+            row.append(best)
+        seconds.append(row)
+    return CostCurve(list(sizes), list(contexts), seconds, model_key(model))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def load_or_calibrate(model: torch.nn.Module, cache_dir: str | Path | None = None, **kwargs) -> CostCurve:
+    """The cached curve for this (model, dtype, device, threads), measuring and caching it at first use."""
+    key = model_key(model)
+    path = cache_path(key, cache_dir)
+    if path.exists():
+        try:
+            curve = CostCurve.from_json(json.loads(path.read_text()))
+            if curve.key == key:
+                return curve
+        except (ValueError, KeyError, TypeError):
+            pass  # unreadable or stale: measure again and overwrite
+    curve = calibrate_target(model, **kwargs)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(curve.to_json(), indent=1))
+    return curve
+
+
+class AcceptanceTable:
+    """Calibrated P(target accepts node) from its draft score (log path probability under q).
+
+    Bins on log2 of the draft probability (``[2^-bins, ..]``, last bin up to 1); each bin keeps decayed hit / count
+    sums plus a prior of ``prior_weight`` pseudo-observations at the bin's own probability (an uncalibrated drafter
+    is taken at its word). Estimates are made monotone in the score with pool-adjacent-violators.
+    """
+
+    def __init__(self, bins: int = 16, prior_weight: float = 4.0, decay: float = 0.995):
+        self.edges = torch.tensor([-float(b) for b in range(bins - 1, 0, -1)]) * math.log(2.0)  # ascending log edges
+        centers = torch.tensor([-(b + 0.5) for b in range(bins - 1, -1, -1)]) * math.log(2.0)
+        self.prior = centers.exp().clamp(max=1.0)
+        self.prior_weight = prior_weight
+        self.decay = decay
+        self.hits = torch.zeros(bins, dtype=torch.float64)
+        self.counts = torch.zeros(bins, dtype=torch.float64)
+        self._rates = self._fit()
+
+    def _fit(self) -> torch.Tensor:
+        raw = (self.hits + self.prior_weight * self.prior) / (self.counts + self.prior_weight)
+        return _isotonic(raw, self.counts + self.prior_weight).float()
+
+    def bin_of(self, scores: torch.Tensor) -> torch.Tensor:
+        return torch.bucketize(scores.detach().float().cpu(), self.edges)
+
+    def __call__(self, scores: torch.Tensor) -> torch.Tensor:
+        """Acceptance probabilities ``[n]`` for draft log-scores ``[n]`` (on the CPU)."""
+        return self._rates[self.bin_of(scores)]
+
+    def observe(self, scores: torch.Tensor, accepted: torch.Tensor) -> None:
+        """One verified tree: ``scores`` of its draft nodes, ``accepted`` (bool) whether each was on the accepted path."""
+        self.hits.mul_(self.decay)
+        self.counts.mul_(self.decay)
+        bins = self.bin_of(scores)
+        self.counts.index_add_(0, bins, torch.ones(bins.numel(), dtype=torch.float64))
+        self.hits.index_add_(0, bins, accepted.detach().cpu().to(torch.float64))
+        self._rates = self._fit()
+
+    def rates(self) -> torch.Tensor:
+        return self._rates.clone()
+
+
+def _isotonic(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Weighted pool-adjacent-violators: the nondecreasing sequence nearest ``values`` (a handful of bins)."""
+    blocks: list[list[float]] = []  # [mean, weight, length]
+    for v, w in zip(values.tolist(), weights.tolist()):
+        blocks.append([v, w, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            v2, w2, n2 = blocks.pop()
+            v1, w1, n1 = blocks.pop()
+            blocks.append([(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
+    return torch.tensor([v for v, _, n in blocks for _ in range(n)], dtype=values.dtype)
+
+
+@dataclass
+class EMA:
+    value: float | None = None
+    rate: float = 0.2
+
+    def add(self, x: float) -> None:
+        self.value = x if self.value is None else self.value + self.rate * (x - self.value)
+
+
+class SpeedModel:
+    """Everything ``tree_budget="auto"`` decides with: target cost curve, drafter cost per forward, acceptance.
+
+    ``draft_seconds`` starts at ``draft_prior`` (a fraction of a one-row target step) and follows the measured
+    drafting time per forward; ``drafted_rate`` / ``plain_rate`` follow the realised tokens per second of steps with
+    and without drafts, so `should_draft` can skip the drafter where trees do not pay, re-probing periodically.
+    """
+
+    def __init__(self, curve: CostCurve, acceptance: AcceptanceTable | None = None, draft_prior: float = 0.3,
+                 reprobe_every: int = REPROBE_EVERY):
+        self.curve = curve
+        self.acceptance = acceptance if acceptance is not None else AcceptanceTable()
+        self._draft = EMA()
+        self._draft_prior = draft_prior
+        self.drafted_rate = EMA()
+        self.plain_rate = EMA()
+        self.reprobe_every = reprobe_every
+        self._base_reprobe = reprobe_every
+        self._since_draft = 0
+
+    def target_seconds(self, rows: int, context: int) -> float:
+        return self.curve(rows, context)
+
+    def draft_seconds(self, context: int) -> float:
+        """Seconds per draft forward (measured mean, or the prior before any)."""
+        if self._draft.value is not None:
+            return self._draft.value
+        return self._draft_prior * self.curve(1, context)
+
+    def _plain(self, context: int) -> float:
+        return self.plain_rate.value if self.plain_rate.value is not None else 1.0 / self.curve(1, context)
+
+    def step_mode(self, context: int) -> str:
+        """``"probe"`` after ``reprobe_every`` draft-free steps in a row (draft at least one node, to refresh the
+        acceptance and drafter-cost estimates); ``"skip"`` (no drafter at all) while measured drafted steps have been
+        slower than draft-free ones; else ``"size"``: the per-step cost rule decides (it may still draft nothing)."""
+        if self._since_draft + 1 >= self.reprobe_every:
+            return "probe"
+        drafted = self.drafted_rate.value
+        if drafted is not None and drafted <= self._plain(context):
+            return "skip"
+        return "size"
+
+    def observe_step(self, *, tree_scores: torch.Tensor, on_path: torch.Tensor, rows: int, context: int,
+                     draft_seconds: float, draft_forwards: int, verify_seconds: float, tokens: int) -> None:
+        """One verified step: ``tree_scores``/``on_path`` of its draft nodes (root excluded), ``rows`` verified
+        (root included), measured draft / verify time, tokens committed."""
+        self.curve.observe(rows, context, verify_seconds)
+        if draft_forwards:
+            self._draft.add(draft_seconds / draft_forwards)
+        total = draft_seconds + verify_seconds
+        if rows > 1:
+            self.acceptance.observe(tree_scores, on_path)
+            self._since_draft = 0
+            if total > 0:
+                rate = tokens / total
+                self.drafted_rate.add(rate)
+                paid = rate > self._plain(context)
+                self.reprobe_every = self._base_reprobe if paid else min(2 * self.reprobe_every, MAX_REPROBE_EVERY)
+        else:
+            self._since_draft += 1
+            if total > 0:
+                self.plain_rate.add(tokens / total)
+
+
+def speed_model_for(model: torch.nn.Module, key: tuple, cache_dir: str | Path | None = None) -> SpeedModel:
+    """The `SpeedModel` of ``model`` for ``key`` (drafter, sampling settings ...), kept on the model instance so it
+    keeps learning across ``generate`` calls; the cost curve is shared per (dtype, device, threads)."""
+    store = model.__dict__.setdefault("_treespec_speed_models", {})
+    curve_key = ("curve", str(model.dtype), str(next(model.parameters()).device), torch.get_num_threads())
+    if curve_key not in store:
+        store[curve_key] = load_or_calibrate(model, cache_dir)
+    full_key = (curve_key, *key)
+    if full_key not in store:
+        store[full_key] = SpeedModel(store[curve_key])
+    return store[full_key]

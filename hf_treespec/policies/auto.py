@@ -1,0 +1,119 @@
+"""``tree_budget="auto"``: size every tree by expected tokens per second under measured costs.
+
+A step that verifies the root plus ``n`` draft nodes, after ``e`` draft forwards, is expected to commit
+``1 + sum_i a_i`` tokens (``a_i``: calibrated probability that node i is accepted; a node's tokens count once its
+whole path is accepted, and accepted paths are disjoint events per depth, so expected accepted length is the sum of
+node acceptance probabilities) in ``e * t_draft + c(n + 1)`` seconds. The policy
+
+- keeps expanding while some lookahead of ``h`` more expansions (each adding at most the expanded nodes' acceptance
+  mass: children of a node are accepted only if it is, and at most one of them) could beat the best rate already
+  reachable, and
+- finally keeps the best-ranked prefix of nodes that maximises the rate, which may be the root alone: a step
+  without drafts, exactly one plain ``generate`` step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..tree import DraftTree
+
+AUTO = "auto"
+#: most draft nodes an auto-sized tree may hold (the cost rule usually stops far earlier on a CPU)
+AUTO_MAX_NODES = 96
+#: expansions looked ahead when deciding whether to expand again
+LOOKAHEAD = 4
+
+
+def is_auto(value) -> bool:
+    return isinstance(value, str) and value == AUTO
+
+
+def check_budget(value) -> None:
+    """``tree_budget`` is a positive int or "auto"."""
+    if isinstance(value, str):
+        if value != AUTO:
+            raise ValueError(f"tree_budget must be a number of draft nodes (>= 1) or 'auto', got {value!r}.")
+        return
+    if int(value) < 1:
+        raise ValueError(f"tree_budget must be >= 1 (number of draft nodes per step) or 'auto', got {value}.")
+
+
+@dataclass
+class TreeSizer:
+    """The cost rule for one step: built from the loop's `SpeedModel` and the step's context length."""
+
+    speed: object  # hf_treespec.latency.SpeedModel (duck-typed: target costs, draft cost, acceptance)
+    context: int
+    max_nodes: int = AUTO_MAX_NODES
+    expansions: int = 0
+    _costs: torch.Tensor = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._costs = self.speed.curve.costs(self.max_nodes + LOOKAHEAD + 2, self.context)
+        self.t_draft = float(self.speed.draft_seconds(self.context))
+        self.mode = self.speed.step_mode(self.context)
+
+    def cost(self, rows: int) -> float:
+        return float(self._costs[min(rows, self._costs.numel()) - 1])
+
+    def should_draft(self) -> bool:
+        """Whether this step may run the drafter at all (measured drafted vs. draft-free speed, with re-probing)."""
+        return self.mode != "skip"
+
+    def rates(self, ranked_scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """For candidate draft nodes ranked best first (every prefix closed under parents): expected tokens and
+        expected tokens/s of keeping the first n of them, n = 0..len, with the draft time spent so far."""
+        accept = self.speed.acceptance(ranked_scores.float().cpu()).double()
+        tokens = torch.cat([torch.ones(1, dtype=torch.float64), 1 + accept.cumsum(0)])
+        rows = min(tokens.numel(), self._costs.numel())
+        seconds = self.expansions * self.t_draft + self._costs[:rows]
+        return tokens[:rows], tokens[:rows] / seconds
+
+    def best(self, tree: DraftTree, members: torch.Tensor | None = None) -> tuple[int, float, float]:
+        """(n, expected tokens, rate) of the best prefix of ``members`` (bool over nodes, root excluded; all when
+        None) ranked by draft score."""
+        scores = tree.scores[1:] if members is None else tree.scores[1:][members[1:]]
+        ranked = torch.sort(scores, descending=True, stable=True).values[: self.max_nodes]
+        tokens, rates = self.rates(ranked)
+        n = int(rates.argmax())
+        return n, float(tokens[n]), float(rates[n])
+
+    def worth_expanding(self, tree: DraftTree, expand: torch.Tensor, members: torch.Tensor | None = None) -> bool:
+        """Whether expanding ``expand`` (and up to LOOKAHEAD - 1 further levels below) can raise the best rate."""
+        if self.mode == "probe" and self.expansions == 0:
+            return True
+        n, tokens, rate = self.best(tree, members)
+        if n >= self.max_nodes:
+            return False
+        scores = tree.scores[expand].float().cpu()
+        is_root = (tree.parents[expand] < 0).cpu()
+        mass = float(torch.where(is_root, torch.ones_like(scores), self.speed.acceptance(scores)).sum())
+        for h in range(1, LOOKAHEAD + 1):
+            seconds = (self.expansions + h) * self.t_draft + self.cost(n + 1 + h)
+            if (tokens + h * mass) / seconds > rate:
+                return True
+        return False
+
+    def prune(self, tree: DraftTree) -> DraftTree:
+        """Keeps the best prefix of nodes by draft score (the root alone when no draft pays)."""
+        from .base import top_by_score  # base imports this module
+
+        n, _, _ = self.best(tree)
+        if self.mode == "probe":
+            n = max(n, 1)  # a probe verifies at least the best node, so acceptance is measured again
+        return top_by_score(tree, n)
+
+
+def sizer_from(context, policy_name: str) -> TreeSizer:
+    """The step's `TreeSizer` from a `StepContext`; a clear error when the loop gave no speed model."""
+    speed = getattr(context, "speed", None) if context is not None else None
+    if speed is None:
+        raise ValueError(
+            f"tree_policy={policy_name!r} with tree_budget='auto' sizes trees from measured costs: it needs a "
+            "StepContext with a SpeedModel (model.generate fills it; when calling build() directly pass "
+            "context=StepContext(..., speed=SpeedModel(curve)))."
+        )
+    return TreeSizer(speed, int(context.context_length))

@@ -1,0 +1,197 @@
+"""tree_budget="auto": cost model, stopping rule, draft-free steps, calibration cache, hardware detection."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import hf_treespec
+from hf_treespec.hardware import Hardware, cpu_info, detect
+from hf_treespec.latency import AcceptanceTable, CostCurve, SpeedModel, calibrate_target, load_or_calibrate
+from hf_treespec.policies import POLICIES, StepContext
+from hf_treespec.policies.base import DraftSource
+from hf_treespec.policies.auto import TreeSizer
+from hf_treespec.tree import DraftTree
+
+VOCAB = 64
+
+
+class PeakedSource(DraftSource):
+    """Every node's children: token (parent token + 1 + i) with probability ~ 0.8 * 0.2^i (a confident drafter)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def logprobs(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        probs = torch.full((nodes.numel(), VOCAB), 1e-6)
+        for r, tok in enumerate(tree.tokens[nodes].tolist()):
+            for i in range(4):
+                probs[r, (tok + 1 + i) % VOCAB] = 0.8 * 0.2**i
+        return (probs / probs.sum(-1, keepdim=True)).log()
+
+
+def curve(seconds_per_rows) -> CostCurve:
+    sizes = [1, 2, 4, 8, 16, 32, 64, 128]
+    return CostCurve(sizes, [256], [[seconds_per_rows(n) for n in sizes]])
+
+
+STEEP = curve(lambda n: 0.05 * n)  # every extra row costs a full step: no tree can pay
+FLAT = curve(lambda n: 0.05 + 0.0001 * n)  # a GPU: 100 rows for the price of one
+
+
+def context_for(speed: SpeedModel) -> StepContext:
+    return StepContext(target_probs=None, root_token=3, context_length=256, temperature=0.0, top_p=1.0, speed=speed)
+
+
+@pytest.mark.parametrize("policy", ["salf", "optimal", "eagle2"])
+def test_steep_curve_drafts_nothing_flat_curve_grows_large_trees(policy):
+    cls = POLICIES.get(policy)
+    steep = SpeedModel(STEEP, draft_prior=0.02 / 0.05)
+    source = PeakedSource()
+    tree = cls(tree_budget="auto").build(source, 3, context=context_for(steep))
+    assert tree.num_nodes == 1 and source.calls == 0  # the drafter never ran
+
+    flat = SpeedModel(FLAT, draft_prior=0.001 / 0.05)
+    tree = cls(tree_budget="auto").build(PeakedSource(), 3, context=context_for(flat))
+    assert tree.num_nodes - 1 >= 20
+
+
+def test_auto_needs_a_speed_model():
+    with pytest.raises(ValueError, match="SpeedModel"):
+        POLICIES.get("salf")(tree_budget="auto").build(PeakedSource(), 3, context=StepContext(3))
+
+
+def test_auto_refused_by_policies_without_a_budget(target, drafters, prompt):
+    with pytest.raises(ValueError, match="tree_budget"):
+        target.generate(prompt, assistant_model=drafters["copy"], tree_policy="iid", tree_budget="auto",
+                        max_new_tokens=4)
+
+
+def test_bad_budget_string():
+    with pytest.raises(ValueError, match="'auto'"):
+        POLICIES.get("salf")(tree_budget="big")
+
+
+def hand_tree(probs: list[float], parents: list[int]) -> DraftTree:
+    """Root plus nodes with the given parents and conditional draft probabilities (node i is token i + 1)."""
+    tree = DraftTree.root(0)
+    for i, (q, p) in enumerate(zip(probs, parents)):
+        tree = tree.add_children(torch.tensor([p]), torch.tensor([i + 1]), torch.tensor([q]).log())
+    return tree
+
+
+class FixedAcceptance:
+    """Acceptance = exp(score) (a perfectly calibrated drafter)."""
+
+    def __call__(self, scores):
+        return scores.exp()
+
+
+def test_stopping_rule_on_hand_made_tree():
+    # chain of 3 nodes with path probs 0.9, 0.81, 0.729, then two weak siblings of the root (0.01 each)
+    tree = hand_tree([0.9, 0.9, 0.9, 0.01, 0.01], [0, 1, 2, 0, 0])
+    # target: 1 row 10 ms, each extra row +1 ms; a draft forward costs 0 (already spent)
+    speed = SpeedModel(CostCurve([1, 2, 3, 4, 5, 6], [256], [[0.010, 0.011, 0.012, 0.013, 0.014, 0.015]]))
+    speed.acceptance = FixedAcceptance()
+    sizer = TreeSizer(speed, 256)
+    sizer.t_draft = 0.0
+    n, tokens, rate = sizer.best(tree)
+    # keeping the chain: (1 + 0.9 + 0.81 + 0.729) / 13 ms beats adding the 0.01 siblings at 1 ms each
+    assert n == 3 and tokens == pytest.approx(3.439, abs=1e-3)
+    pruned = sizer.prune(tree)
+    assert pruned.tokens.tolist() == [0, 1, 2, 3]
+    # expanding the chain tip (mass 0.729) pays on this flat-ish curve; a 1e-4 leaf does not
+    assert sizer.worth_expanding(tree, torch.tensor([3]))
+    leaf = hand_tree([1e-4], [0])
+    sizer.expansions = 1
+    sizer.t_draft = 0.005
+    assert not sizer.worth_expanding(leaf, torch.tensor([1]))
+
+
+def test_acceptance_table_learns_and_is_monotone():
+    table = AcceptanceTable()
+    high = torch.full((200,), -0.1)  # p ~ 0.9 by the drafter ...
+    table.observe(high, torch.zeros(200, dtype=torch.bool))  # ... but never accepted
+    assert float(table(torch.tensor([-0.1]))) < 0.1
+    rates = table.rates()
+    assert bool((rates[1:] >= rates[:-1]).all())
+
+
+def test_cost_curve_interpolates_and_learns_online():
+    c = CostCurve([1, 4], [100, 300], [[0.01, 0.02], [0.02, 0.04]])
+    assert c(1, 100) == pytest.approx(0.01) and c(4, 300) == pytest.approx(0.04)
+    assert c(2, 200) == pytest.approx((0.01 + 1 / 3 * 0.01 + 0.02 + 1 / 3 * 0.02) / 2)
+    assert c.costs(4, 100)[3] == pytest.approx(0.02)
+    for _ in range(100):
+        c.observe(1, 100, 0.03)
+    assert c(1, 100) == pytest.approx(0.03, rel=1e-2)
+    assert c(4, 100) >= c(1, 100)  # kept nondecreasing in rows
+
+
+def test_calibration_is_cached_per_model(target, tmp_path):
+    first = load_or_calibrate(target, tmp_path, sizes=(1, 4), contexts=(8,), repeats=1)
+    files = list((tmp_path / "latency").glob("*.json"))
+    assert len(files) == 1 and json.loads(files[0].read_text())["key"]["dtype"] == "float32"
+    second = load_or_calibrate(target, tmp_path, sizes=(1, 4), contexts=(8,), repeats=1)
+    assert second.seconds == first.seconds  # read back, not measured again
+    assert all(s > 0 for s in first.seconds[0])
+
+
+def test_calibrate_target_shape(target):
+    c = calibrate_target(target, sizes=(1, 2), contexts=(4, 8), repeats=1)
+    assert len(c.seconds) == 2 and len(c.seconds[0]) == 2 and "|" in c.table()
+
+
+@pytest.mark.parametrize("policy", ["salf", "eagle2"])
+@pytest.mark.parametrize("curve_kind", ["steep", "flat", "measured"])
+def test_greedy_auto_identical_to_plain(target, drafters, prompt, policy, curve_kind, tmp_path, monkeypatch):
+    """Greedy with auto (draft-free steps included) equals plain generate token for token in fp32."""
+    monkeypatch.setenv("HF_TREESPEC_CACHE", str(tmp_path))
+    model = hf_treespec.enable(type(target)(target.config).eval())
+    model.load_state_dict(target.state_dict())
+    if curve_kind != "measured":  # pin the curve so both step kinds are exercised deterministically
+        pinned = STEEP if curve_kind == "steep" else FLAT
+        monkeypatch.setattr("hf_treespec.latency.load_or_calibrate",
+                            lambda m, cache_dir=None: CostCurve.from_json(pinned.to_json()))
+    plain = model.generate(prompt, do_sample=False, max_new_tokens=40)
+    out = model.generate(prompt, assistant_model=drafters["perturbed"], tree_policy=policy, tree_budget="auto",
+                         do_sample=False, max_new_tokens=40, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, plain)
+    assert out.drafted_steps == sum(s > 0 for s in out.tree_sizes)
+    if curve_kind == "steep":
+        # no tree pays: all steps but the periodic probes run without drafts
+        assert out.drafted_steps <= len(out.tree_sizes) // 8 + 1
+        assert len(out.tree_sizes) >= 30
+    if curve_kind == "flat":
+        assert out.drafted_steps == len(out.tree_sizes)
+
+
+def test_sampling_with_auto_runs_and_reports(target, drafters, prompt, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TREESPEC_CACHE", str(tmp_path))
+    torch.manual_seed(0)
+    out = target.generate(prompt, assistant_model=drafters["perturbed"], tree_policy="salf", tree_budget="auto",
+                          do_sample=True, temperature=1.0, max_new_tokens=20, return_dict_in_generate=True)
+    assert out.sequences.shape[1] == prompt.shape[1] + 20
+    assert out.drafted_steps is not None
+
+
+def test_num_beams_refused(target, drafters, prompt):
+    with pytest.raises(ValueError, match="num_beams"):
+        target.generate(prompt, assistant_model=drafters["copy"], tree_policy="salf", num_beams=2,
+                        max_new_tokens=4)
+
+
+def test_hardware_from_cpuinfo(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu avx avx2 fma\n")
+    name, flags = cpu_info(info)
+    assert name == "AMD EPYC 7B13" and flags == ("avx2", "fma")
+    assert Hardware("cpu", name, flags).fast_dtype == torch.float32
+    assert Hardware("cpu", "Xeon", ("avx2", "avx512_bf16")).fast_dtype == torch.bfloat16
+    assert Hardware("cpu", "Xeon", ("amx_bf16",)).fast_dtype == torch.bfloat16
+    assert Hardware("cuda", "H100").fast_dtype == torch.bfloat16
+    assert "AMD EPYC 7B13" in Hardware("cpu", name, flags, 2).describe()
+    assert detect("cpu").device_type == "cpu"

@@ -1,0 +1,75 @@
+"""Prefix-independent warpers run once over all tree rows; the result equals generate's per-node processing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LogitsProcessor, LogitsProcessorList
+from transformers.generation import logits_process as lp
+
+from hf_treespec.generation.processors import is_prefix_independent, process_tree_logits
+from hf_treespec.tree import DraftTree
+
+
+def random_tree(vocab: int, seed: int = 0) -> DraftTree:
+    g = torch.Generator().manual_seed(seed)
+    tree = DraftTree.root(5)
+    for _ in range(20):
+        parent = torch.randint(0, tree.num_nodes, (1,), generator=g)
+        tree = tree.add_children(parent, torch.randint(0, vocab, (1,), generator=g), torch.tensor([-0.5]))
+    return tree
+
+
+def per_node(processors, prefix, tree, logits):
+    paths = tree.paths()
+    rows = []
+    for v in range(tree.num_nodes):
+        d = int(tree.depth[v])
+        ids = torch.cat([prefix, paths[v, 1 : d + 1][None]], 1)
+        rows.append(processors(ids, logits[v : v + 1].clone()))
+    return torch.cat(rows)
+
+
+class CountsPrefix(LogitsProcessor):
+    """A custom processor that reads the prefix: must stay per node (unknown classes default to per node)."""
+
+    def __call__(self, input_ids, scores):
+        return scores - 0.1 * input_ids.shape[1] - 0.01 * input_ids[:, -1:].float()
+
+
+WARPER_SETS = {
+    "temperature+top_p": [lp.TemperatureLogitsWarper(0.7), lp.TopPLogitsWarper(0.9)],
+    "top_k+min_p": [lp.TopKLogitsWarper(20), lp.MinPLogitsWarper(0.05)],
+    "typical+epsilon+eta": [lp.TypicalLogitsWarper(0.9), lp.EpsilonLogitsWarper(3e-4), lp.EtaLogitsWarper(3e-4)],
+    "repetition+no_repeat+temperature+top_p": [
+        lp.RepetitionPenaltyLogitsProcessor(1.3), lp.NoRepeatNGramLogitsProcessor(2),
+        lp.TemperatureLogitsWarper(0.8), lp.TopPLogitsWarper(0.8)],
+    "interleaved custom": [lp.TemperatureLogitsWarper(0.9), CountsPrefix(), lp.TopKLogitsWarper(30),
+                           lp.RepetitionPenaltyLogitsProcessor(1.2), lp.TopPLogitsWarper(0.95)],
+}
+
+
+@pytest.mark.parametrize("name", sorted(WARPER_SETS))
+def test_batched_equals_per_node(name):
+    vocab = 500
+    processors = LogitsProcessorList(WARPER_SETS[name])
+    tree = random_tree(vocab)
+    torch.manual_seed(1)
+    logits = torch.randn(tree.num_nodes, vocab) * 4
+    prefix = torch.randint(0, vocab, (1, 30))
+    prefix[0, -1] = 5
+    raw = logits.clone()
+    batched = process_tree_logits(processors, prefix, tree, torch.arange(tree.num_nodes), logits)
+    assert torch.equal(logits, raw)  # raw logits untouched
+    assert torch.equal(batched, per_node(processors, prefix, tree, logits))
+
+
+def test_unknown_processors_are_per_node():
+    assert is_prefix_independent(lp.TopPLogitsWarper(0.9))
+    assert not is_prefix_independent(CountsPrefix())
+    assert not is_prefix_independent(lp.RepetitionPenaltyLogitsProcessor(1.1))
+
+    class MyTopP(lp.TopPLogitsWarper):  # a subclass might read the prefix: not trusted
+        pass
+
+    assert not is_prefix_independent(MyTopP(0.9))
