@@ -21,8 +21,9 @@ import torch
 from ..tree import DraftTree
 from .base import POLICIES, TreePolicy, topk_children
 
-#: a_r of the shipped SmolLM2 drafter at T=0 (share of expanded nodes whose rank-r child is the target's argmax,
-#: measured by ``hf-treespec train static-shape`` on ShareGPT train prompts); the default shape is Sequoia's for it
+#: a generic decaying per-rank acceptance profile (an assumption, NOT a measurement: top-1 around 0.6, the tail
+#: falling off); the default shape is Sequoia's for it. Measure your drafter's a_r and get its shape with
+#: ``hf-treespec train c2t-data`` + ``hf-treespec train static-shape``, then pass ``tree_shape=``
 DEFAULT_RANK_ACCEPTANCE: tuple[float, ...] = (0.6, 0.12, 0.05, 0.03, 0.02, 0.015, 0.01, 0.008)
 
 
@@ -146,7 +147,7 @@ def choose_shape(
 class StaticPolicy(TreePolicy):
     """The same tree shape every step (``tree_shape``: child-rank paths), filled level by level with the draft's
     ranked children, one draft forward per level. Unset, the shape is Sequoia's optimum for ``tree_budget`` nodes
-    (and ``tree_depth`` levels) under :data:`DEFAULT_RANK_ACCEPTANCE`."""
+    (and ``tree_depth`` levels) under the generic profile :data:`DEFAULT_RANK_ACCEPTANCE`."""
 
     defaults = {"tree_shape": None, "tree_budget": 25, "tree_depth": None}
 
