@@ -142,6 +142,9 @@ PROBLEMS = {
     "swor-2x2": ("swor", {"tree_topk": 2, "tree_depth": 2}, 3),
     "swor-3x1": ("swor", {"tree_topk": 3, "tree_depth": 1}, 4),
     "eagle2": ("eagle2", {"tree_topk": 2, "tree_depth": 2, "tree_budget": 6}, 3),
+    # DySpec heap trees: how many siblings a node gets depends on earlier draws (budget-N cut and threshold)
+    "dyspec-b4": ("dyspec", {"tree_budget": 4}, 3),
+    "dyspec-b5-t": ("dyspec", {"tree_budget": 5, "dyspec_threshold": 0.15}, 3),
 }
 
 
@@ -336,7 +339,8 @@ def test_sampling_verifiers_refuse_greedy(name):
 # ------------------------------------------------------------------------------------------------- Monte Carlo
 # one case per random primitive of hf_treespec.randomness on the torch.Generator path: multinomial counts (iid
 # policy), Gumbel-top-k (swor policy), scalar and vector Bernoulli trials, categorical draws
-MC_CASES = [("iid-2x2", "specinfer"), ("iid-2x2", "spectr"), ("iid-2x2", "traversal"), ("swor-2x2", "swor")]
+MC_CASES = [("iid-2x2", "specinfer"), ("iid-2x2", "spectr"), ("iid-2x2", "traversal"), ("swor-2x2", "swor"),
+            ("dyspec-b4", "swor")]
 
 
 @pytest.mark.parametrize("problem,verifier", MC_CASES)
