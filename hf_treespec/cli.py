@@ -132,7 +132,7 @@ def add_calibrate_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--sizes", default="1,2,4,8,16,32,64", help="rows per forward (root included)")
     parser.add_argument("--contexts", default="128,512", help="cached context lengths")
-    parser.add_argument("--repeats", type=int, default=2, help="timed repeats per point (fastest kept)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed repeats per point (fastest kept)")
     parser.add_argument("--out", default="calibrate_out", help="folder for curve.json and curve.png")
     parser.set_defaults(handler=run_calibrate)
 

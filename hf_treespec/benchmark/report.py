@@ -118,8 +118,9 @@ def markdown_report(result: BenchmarkResult, summaries: list[MethodSummary] | No
     ]
     drafted = [s for s in main if s.drafted_share is not None]
     if any(s.drafted_share < 1 for s in drafted):
+        shares = ", ".join(f"{s.method} {100 * s.drafted_share:.0f}%" for s in drafted)
         lines += ["", "Steps that ran a draft tree (the rest were draft-free target steps chosen by "
-                      "`tree_budget='auto'`): " + ", ".join(f"{s.method} {100 * s.drafted_share:.0f}%" for s in drafted)]
+                      f"`tree_budget='auto'`): {shares}"]
     if result.settings.get("cost_curve"):
         lines += ["", *cost_curve_lines(result.settings["cost_curve"])]
     if result.skipped:

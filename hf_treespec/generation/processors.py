@@ -60,12 +60,13 @@ def process_tree_logits(
             for processor in run:
                 out = processor(ids, out)
         else:
-            out = _per_depth(LogitsProcessorList(run), prefix_ids, tree, nodes, out)
+            out = process_per_depth(LogitsProcessorList(run), prefix_ids, tree, nodes, out)
     return out
 
 
-def _per_depth(processors: LogitsProcessorList, prefix_ids: torch.Tensor, tree: DraftTree, nodes: torch.Tensor,
-               logits: torch.Tensor) -> torch.Tensor:
+def process_per_depth(processors: LogitsProcessorList, prefix_ids: torch.Tensor, tree: DraftTree,
+                      nodes: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """Every processor called once per tree depth with each node's full prefix (correct for any processor)."""
     paths = tree.paths()
     out = torch.empty_like(logits)
     depths = tree.depth[nodes]

@@ -109,8 +109,10 @@ class TreePolicy(ABC):
         budget = self.params.get("tree_budget")
         if budget is not None:
             if is_auto(budget) and not self.supports_auto:
-                raise ValueError(f"tree_policy={self.name!r} does not size its tree by measured cost; tree_budget='auto'"
-                                 " works with the best-first policies (salf, optimal, eagle2). Give a number.")
+                raise ValueError(
+                    f"tree_policy={self.name!r} does not size its tree by measured cost; tree_budget='auto' works "
+                    "with the best-first policies (salf, optimal, eagle2). Give a number."
+                )
             check_budget(budget)
         depth = self.params.get("tree_depth")
         if depth is not None and int(depth) < 1:
