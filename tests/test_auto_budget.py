@@ -11,13 +11,14 @@ import hf_treespec
 from hf_treespec.hardware import Hardware, cpu_info, detect
 from hf_treespec.latency import AcceptanceTable, CostCurve, SpeedModel, calibrate_target, load_or_calibrate
 from hf_treespec.policies import POLICIES, StepContext
+from hf_treespec.policies.base import DraftSource
 from hf_treespec.policies.auto import TreeSizer
 from hf_treespec.tree import DraftTree
 
 VOCAB = 64
 
 
-class PeakedSource:
+class PeakedSource(DraftSource):
     """Every node's children: token (parent token + 1 + i) with probability ~ 0.8 * 0.2^i (a confident drafter)."""
 
     def __init__(self):
@@ -50,17 +51,17 @@ def test_steep_curve_drafts_nothing_flat_curve_grows_large_trees(policy):
     cls = POLICIES.get(policy)
     steep = SpeedModel(STEEP, draft_prior=0.02 / 0.05)
     source = PeakedSource()
-    tree = cls(tree_budget="auto").build(source, 3, "cpu", context=context_for(steep))
+    tree = cls(tree_budget="auto").build(source, 3, context=context_for(steep))
     assert tree.num_nodes == 1 and source.calls == 0  # the drafter never ran
 
     flat = SpeedModel(FLAT, draft_prior=0.001 / 0.05)
-    tree = cls(tree_budget="auto").build(PeakedSource(), 3, "cpu", context=context_for(flat))
+    tree = cls(tree_budget="auto").build(PeakedSource(), 3, context=context_for(flat))
     assert tree.num_nodes - 1 >= 20
 
 
 def test_auto_needs_a_speed_model():
     with pytest.raises(ValueError, match="SpeedModel"):
-        POLICIES.get("salf")(tree_budget="auto").build(PeakedSource(), 3, "cpu")
+        POLICIES.get("salf")(tree_budget="auto").build(PeakedSource(), 3, context=StepContext(3))
 
 
 @pytest.mark.parametrize("policy", ["chain", "delayed"])
@@ -84,14 +85,14 @@ def test_sampled_shape_by_cost(policy, bound):
     cls = POLICIES.get(policy)
     steep = SpeedModel(STEEP, draft_prior=0.02 / 0.05)
     source = PeakedSource()
-    tree = cls(tree_budget="auto", do_sample=True, **bound).build(source, 3, "cpu", context=context_for(steep))
+    tree = cls(tree_budget="auto", do_sample=True, **bound).build(source, 3, context=context_for(steep))
     assert tree.num_nodes == 1 and source.calls == 0
     flat = SpeedModel(FLAT, draft_prior=0.001 / 0.05)
     for _ in range(50):  # a drafter whose chains are accepted 4 deep out of 4
         flat.depth_acceptance.observe(1, 4, 4)
     assert flat.depth_acceptance.alpha > 0.9
     source = PeakedSource()
-    tree = cls(tree_budget="auto", do_sample=True, **bound).build(source, 3, "cpu", context=context_for(flat))
+    tree = cls(tree_budget="auto", do_sample=True, **bound).build(source, 3, context=context_for(flat))
     assert tree.max_depth >= 5 and source.calls >= 5
     assert flat.pending_shape is not None and flat.pending_shape[1] >= 5
 

@@ -8,7 +8,7 @@ from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
 
 from hf_treespec.drafters import prompt_lookup
 from hf_treespec.generation.draft_source import WarpedDraftSource
-from hf_treespec.policies import POLICIES
+from hf_treespec.policies import POLICIES, DraftSource, StepContext
 from hf_treespec.policies.base import draft_greedy_chain, topk_children
 from hf_treespec.tree import DraftTree
 from hf_treespec.verifiers.greedy import GreedyVerifier
@@ -52,7 +52,7 @@ def path_tokens(tree: DraftTree, node: int) -> list[int]:
     return tree.tokens[tree.path_to(node)].tolist()
 
 
-class LogprobsOnly:
+class LogprobsOnly(DraftSource):
     """A draft source without the fast paths: policies must fall back to dense rows."""
 
     def __init__(self, source):
@@ -94,7 +94,7 @@ def test_short_context_and_unseen_suffix():
     assert values.shape == tokens.shape == (1, 0)
     source = WarpedDraftSource(drafter, LogitsProcessorList(), torch.tensor([[4, 5]]))
     for policy in ("chain", "optimal", "salf", "eagle2"):
-        assert POLICIES.get(policy)().build(source, 5, torch.device("cpu")).num_nodes == 1, policy
+        assert POLICIES.get(policy)().build(source, 5, context=StepContext(5)).num_nodes == 1, policy
 
 
 @pytest.mark.parametrize("k", [1, 2, 9])
@@ -143,10 +143,12 @@ def test_fast_paths_step_aside_for_logits_processors():
     prefix = torch.tensor([[1, 2, 1, 3, 1, 2, 1]])
     warped = WarpedDraftSource(drafter, LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.5)]), prefix)
     tree = DraftTree.root(1)
-    assert warped.greedy_chain(tree, 0, 3) is None
-    assert warped.topk_logprobs(tree, torch.tensor([0]), 2) is None
+    assert warped.capabilities == frozenset()
+    with pytest.raises(RuntimeError, match="logits processors"):
+        warped.greedy_chain(tree, 0, 3)
     plain = WarpedDraftSource(drafter, LogitsProcessorList(), prefix)
-    assert plain.greedy_chain(tree, 0, 3) is not None and plain.num_forwards == 1
+    assert plain.capabilities == {"greedy_chain", "topk_logprobs"}
+    assert plain.greedy_chain(tree, 0, 3)[0].numel() > 0 and plain.num_forwards == 1
 
 
 @pytest.mark.parametrize("policy", ["optimal", "salf", "eagle2"])
@@ -157,8 +159,8 @@ def test_sparse_children_build_the_dense_tree(policy):
     drafter.start(prefix)
     source = WarpedDraftSource(drafter, LogitsProcessorList(), prefix[None])
     builder = POLICIES.get(policy)(tree_budget=6)
-    fast = builder.build(source, 1, torch.device("cpu"))
-    slow = builder.build(LogprobsOnly(source), 1, torch.device("cpu"))
+    fast = builder.build(source, 1, context=StepContext(1))
+    slow = builder.build(LogprobsOnly(source), 1, context=StepContext(1))
     assert fast.num_nodes > 3
     assert torch.equal(fast.tokens, slow.tokens) and torch.equal(fast.parents, slow.parents)
     torch.testing.assert_close(fast.scores, slow.scores)

@@ -19,7 +19,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import GenerationConfig, PreTrainedTokenizerFast
 
 from hf_treespec.generation.decoding import resolve
-from hf_treespec.policies import POLICIES, DelaySelector, DelaySelectorConfig, StepContext
+from hf_treespec.policies import POLICIES, DelaySelector, DelaySelectorConfig, DraftSource, StepContext
 from hf_treespec.drafters import as_drafter
 from hf_treespec.policies.nde import (
     SCALAR_FEATURES, SELECTOR_SUBFOLDER, Action, NDEPolicy, action_space, root_features,
@@ -91,9 +91,10 @@ def test_nde_needs_a_selector_and_declares_the_iid_regime(tmp_path):
         resolve(GenerationConfig(do_sample=True, tree_policy="delayed", tree_selector="x"))
     fixed_selector(ACTIONS, 0).save_pretrained(tmp_path / "sel")
     policy, verifier = resolve(GenerationConfig(do_sample=True, tree_policy="nde", tree_selector=str(tmp_path / "sel")))
-    assert policy.regime_for() == Regime.IID and verifier.name == "specinfer" and policy.needs_step_context
-    with pytest.raises(ValueError, match="context"):
-        policy.build(None, 3, torch.device("cpu"))
+    assert policy.regime_for() == Regime.IID and verifier.name == "specinfer"
+    assert "latencies" in policy.context_needs
+    with pytest.raises(ValueError, match="target's probabilities"):
+        policy.build(None, 3, context=StepContext(3))
 
 
 # ------------------------------------------------------------------------------------------------ policy
@@ -102,7 +103,7 @@ def table(path: tuple[int, ...], vocab: int = 6) -> torch.Tensor:
     return torch.softmax(torch.randn(vocab, generator=gen), -1)
 
 
-class FakeSource:
+class FakeSource(DraftSource):
     def __init__(self):
         self.batches: list[list[int]] = []
 
@@ -123,7 +124,7 @@ def test_nde_policy_builds_the_chosen_delayed_tree(choice):
     context = toy_context()
     torch.manual_seed(5)
     source = FakeSource()
-    tree = policy.build(source, 2, torch.device("cpu"), context=context)
+    tree = policy.build(source, 2, context=context)
     # one draft call per level, q(. | root) reused from the selector's look at the root
     assert len(source.batches) == choice.trunk + choice.branch and source.batches[0] == [0]
     counts = tree.multiplicity()
@@ -138,7 +139,7 @@ def test_nde_policy_builds_the_chosen_delayed_tree(choice):
     # the same draws as tree_policy="delayed" with that shape
     torch.manual_seed(5)
     delayed = POLICIES.get("delayed")(do_sample=True, delay_trunk=choice.trunk, tree_paths=choice.paths,
-                                      delay_branch=choice.branch).build(FakeSource(), 2, torch.device("cpu"))
+                                      delay_branch=choice.branch).build(FakeSource(), 2, context=StepContext(2))
     assert torch.equal(tree.tokens, delayed.tokens) and torch.equal(tree.multiplicity(), delayed.multiplicity())
 
 
@@ -291,7 +292,7 @@ def _rows(fn, tree, nodes):
     return torch.stack([fn(tuple(paths[v, 1 : int(tree.depth[v]) + 1].tolist())) for v in nodes.tolist()])
 
 
-class ToySource:
+class ToySource(DraftSource):
     def logprobs(self, tree, nodes):
         return _rows(toy_q, tree, nodes).log()
 
@@ -315,7 +316,7 @@ def test_block_efficiency_estimate_is_exact_in_expectation(verifier):
                                          delay_branch=action.branch)
 
         def accepted(source, policy=policy):
-            tree = policy.build(ToySource(), 0, torch.device("cpu"), generator=source)
+            tree = policy.build(ToySource(), 0, context=StepContext(0), generator=source)
             logits = _rows(toy_p, tree, torch.arange(tree.num_nodes)).log()
             return checker.verify(tree, logits, generator=source).num_accepted_drafts
 

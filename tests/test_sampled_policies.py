@@ -12,7 +12,7 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 import hf_treespec
 from hf_treespec.generation.decoding import resolve
-from hf_treespec.policies import POLICIES
+from hf_treespec.policies import POLICIES, DraftSource, StepContext
 from hf_treespec.randomness import multinomial_counts, without_replacement
 from hf_treespec.tree import DraftTree, Regime
 from hf_treespec.verifiers import VERIFIERS
@@ -29,7 +29,7 @@ def table(path: tuple[int, ...]) -> torch.Tensor:
     return probs / probs.sum()
 
 
-class FakeSource:
+class FakeSource(DraftSource):
     """A `DraftSource` over ``table``, recording every batch of nodes it was asked to expand."""
 
     def __init__(self):
@@ -48,7 +48,7 @@ def build(name: str, seed: int = 0, do_sample: bool = True, **params):
     torch.manual_seed(seed)
     source = FakeSource()
     policy = POLICIES.get(name)(do_sample=do_sample, **params)
-    return policy, policy.build(source, 5, torch.device("cpu")), source
+    return policy, policy.build(source, 5, context=StepContext(5)), source
 
 
 def check_common(tree: DraftTree, source: FakeSource, regime: str) -> None:

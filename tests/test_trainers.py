@@ -17,7 +17,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from hf_treespec.drafters import TreeSpecDrafterConfig, TreeSpecDrafterModel, build_draft_vocab
-from hf_treespec.policies import POLICIES
+from hf_treespec.policies import POLICIES, DraftSource, StepContext
 from hf_treespec.trainers import (
     EAGLEConfig,
     EAGLETrainer,
@@ -153,7 +153,7 @@ def test_prepare_writes_chunks_and_resumes(target, tokenizer, tmp_path):
         prepare_dataset(target, tokenizer, records, tmp_path, PrepareConfig(chunk_size=3), progress=False)
 
 
-class DirectSource:
+class DirectSource(DraftSource):
     """The reference: the target answers one tree's request with a plain forward per node (prefix + path)."""
 
     def __init__(self, target, prefix):
@@ -183,8 +183,8 @@ def test_talf_trees_match_the_policy_and_the_target(target, talf_data):
             prefix = row["input_ids"][: position + 1]
             assert tokens[0] == prefix[-1]
             # the lockstep batch reproduces the policy run alone with an unbatched target
-            reference = POLICIES.get("eagle2")(tree_topk=4, tree_depth=3).build(DirectSource(target, prefix),
-                                                                                prefix[-1], torch.device("cpu"))
+            reference = POLICIES.get("eagle2")(tree_topk=4, tree_depth=3).build(
+                DirectSource(target, prefix), prefix[-1], context=StepContext(prefix[-1]))
             expanded = reference.select(reference.num_children() > 0)
             assert tokens == expanded.tokens.tolist() and parents == expanded.parents.tolist()
             for node in (1, 6, 8):  # per-node labels = the target's distribution recomputed from scratch

@@ -11,7 +11,6 @@ A Monte-Carlo run through torch.Generator checks the same with a chi-square boun
 from __future__ import annotations
 
 import functools
-import inspect
 import itertools
 import math
 
@@ -19,7 +18,7 @@ import pytest
 import torch
 from scipy.stats import chi2
 
-from hf_treespec.policies import POLICIES
+from hf_treespec.policies import POLICIES, DraftSource, StepContext
 from hf_treespec.randomness import enumerate_outcomes
 from hf_treespec.tree import DraftTree, Regime
 from hf_treespec.verifiers import VERIFIERS
@@ -45,7 +44,7 @@ def toy_table(kind: int, path: tuple[int, ...], vocab: int) -> torch.Tensor:
     return probs / probs.sum()
 
 
-class TableSource:
+class TableSource(DraftSource):
     """A `DraftSource` reading q(. | path) from a table instead of a network."""
 
     def __init__(self, q_fn):
@@ -71,11 +70,9 @@ def tree_key(tree: DraftTree) -> tuple:
 def tree_law(policy, q_fn) -> list[tuple[DraftTree, float]]:
     """Every tree the policy can draft, with its exact probability."""
     trees: dict[tuple, DraftTree] = {}
-    sampled = "generator" in inspect.signature(policy.build).parameters  # deterministic policies take none
 
-    def run(source):
-        kwargs = {"generator": source} if sampled else {}
-        tree = policy.build(TableSource(q_fn), ROOT, torch.device("cpu"), **kwargs)
+    def run(source):  # deterministic policies draw nothing: a single outcome of probability 1
+        tree = policy.build(TableSource(q_fn), ROOT, context=StepContext(ROOT), generator=source)
         trees[tree_key(tree)] = tree
         return tree_key(tree)
 
@@ -145,6 +142,9 @@ PROBLEMS = {
     "swor-2x2": ("swor", {"tree_topk": 2, "tree_depth": 2}, 3),
     "swor-3x1": ("swor", {"tree_topk": 3, "tree_depth": 1}, 4),
     "eagle2": ("eagle2", {"tree_topk": 2, "tree_depth": 2, "tree_budget": 6}, 3),
+    # DySpec heap trees: how many siblings a node gets depends on earlier draws (budget-N cut and threshold)
+    "dyspec-b4": ("dyspec", {"tree_budget": 4}, 3),
+    "dyspec-b5-t": ("dyspec", {"tree_budget": 5, "dyspec_threshold": 0.15}, 3),
 }
 
 
@@ -339,7 +339,8 @@ def test_sampling_verifiers_refuse_greedy(name):
 # ------------------------------------------------------------------------------------------------- Monte Carlo
 # one case per random primitive of hf_treespec.randomness on the torch.Generator path: multinomial counts (iid
 # policy), Gumbel-top-k (swor policy), scalar and vector Bernoulli trials, categorical draws
-MC_CASES = [("iid-2x2", "specinfer"), ("iid-2x2", "spectr"), ("iid-2x2", "traversal"), ("swor-2x2", "swor")]
+MC_CASES = [("iid-2x2", "specinfer"), ("iid-2x2", "spectr"), ("iid-2x2", "traversal"), ("swor-2x2", "swor"),
+            ("dyspec-b4", "swor")]
 
 
 @pytest.mark.parametrize("problem,verifier", MC_CASES)
@@ -354,7 +355,7 @@ def test_monte_carlo_lossless(problem, verifier):
     runs = 1000
     counts = torch.zeros(vocab, vocab)
     for _ in range(runs):
-        tree = policy.build(source, ROOT, torch.device("cpu"), generator=gen)
+        tree = policy.build(source, ROOT, context=StepContext(ROOT), generator=gen)
         seq = emitted(tree, verifier_.verify(tree, target_logits(tree, p_fn), generator=gen))
         second = seq[1] if len(seq) > 1 else int(torch.multinomial(p_fn(seq[:1]), 1, generator=gen))
         counts[seq[0], second] += 1

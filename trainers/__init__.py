@@ -3,9 +3,11 @@
 Pipeline: :func:`prepare_dataset` (target hidden states + TALF target trees, chunked and resumable) ->
 :class:`EAGLETrainer` warm-up -> :class:`HASSTrainer` or :class:`TALFTrainer` -> :func:`acceptance_by_depth`.
 The NDE delay selector of ``tree_policy="nde"``: :func:`generate_nde_data` -> :class:`NDETrainer`.
+The C2T classifier of ``tree_policy="c2t"``: :func:`generate_c2t_data` -> :class:`C2TTrainer`.
 Command line: ``hf-treespec train {prepare,eagle,hass,talf,evaluate,nde-data,nde}`` (:mod:`.cli`).
 """
 
+from .c2t import C2TConfig, C2TDataConfig, C2TTrainer, generate_c2t_data, rank_acceptance
 from .chat import to_messages, tokenize_conversation
 from .collators import DrafterCollator, EAGLECollator, HASSCollator, TALFCollator
 from .data import PreparedData, PrepareConfig, load_prepared, prepare_dataset
@@ -36,4 +38,5 @@ __all__ = [
     "grow_target_trees", "load_prepared", "prepare_dataset", "to_messages", "tokenize_conversation", "unroll",
     "LatencyModel", "NDECollator", "NDEConfig", "NDEData", "NDEDataConfig", "NDETrainer", "build_selector",
     "generate_nde_data", "load_nde_data", "measure_latency", "throughput_objective",
+    "C2TConfig", "C2TDataConfig", "C2TTrainer", "generate_c2t_data", "rank_acceptance",
 ]

@@ -10,6 +10,9 @@
     hf-treespec train nde-data --split train --num-prompts 50 --drafter truncated:6 --temperature 1.0 \
         --output runs/nde/data-t1                                                           # NDE selector data
     hf-treespec train nde      --data runs/nde/data-t1 --output-dir runs/nde               # -> tree_selector=
+    hf-treespec train c2t-data --num-prompts 150 --output runs/c2t/data                  # labelled EAGLE-2 trees
+    hf-treespec train c2t      --data runs/c2t/data --output-dir runs/c2t                # -> c2t_classifier=
+    hf-treespec train static-shape --data runs/c2t/data --budget 60                      # -> tree_shape=
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     _add_evaluate(commands)
     _add_nde_data(commands)
     _add_nde(commands)
+    from .c2t_cli import add_c2t_commands  # C2T classifier and Sequoia static shape
+
+    add_c2t_commands(commands, _common, _threads)
     return parser
 
 

@@ -54,6 +54,7 @@ from hf_treespec.features import capture_hidden_states
 from hf_treespec.generation.processors import process_tree_logits
 from hf_treespec.policies.nde import SCALAR_FEATURES, Action, action_space, root_features
 from hf_treespec.randomness import RandomSource, Randomness, categorical
+from hf_treespec.timing import sync
 from hf_treespec.tree import DraftTree, Regime
 
 META_FILE = "nde_data.json"
@@ -392,16 +393,11 @@ class LatencyModel:
                    measurements={"target": [list(m) for m in target], "draft": [list(m) for m in draft]})
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _seconds(run: Callable[[], Any], device: torch.device) -> float:
-    _sync(device)
+    sync(device)
     start = time.perf_counter()
     run()
-    _sync(device)
+    sync(device)
     return time.perf_counter() - start
 
 

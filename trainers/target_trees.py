@@ -27,7 +27,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from hf_treespec.attention import float_mask
 from hf_treespec.features import capture_hidden_states
-from hf_treespec.policies import TreePolicy
+from hf_treespec.policies import DraftSource, StepContext, TreePolicy
 from hf_treespec.tree import DraftTree
 
 
@@ -39,7 +39,7 @@ class NeedLogprobs(Exception):
         self.tree, self.nodes = tree, nodes
 
 
-class ReplaySource:
+class ReplaySource(DraftSource):
     """A policy draft source (``logprobs(tree, nodes)``) that replays recorded target answers, then stops the policy."""
 
     def __init__(self, vocab_size: int):
@@ -125,7 +125,7 @@ def grow_target_trees(
         for state in pending:
             state.source.rewind()
             try:
-                state.tree = policy.build(state.source, state.root.token, torch.device("cpu"))
+                state.tree = policy.build(state.source, state.root.token, context=StepContext(state.root.token))
             except NeedLogprobs as need:
                 requests.append((state, need.tree, need.nodes.cpu().long()))
         pending = [state for state, _, _ in requests]

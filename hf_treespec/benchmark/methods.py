@@ -22,6 +22,7 @@ import torch
 from ..generation.config import TREE_GENERATION_KWARGS
 from ..policies import POLICIES
 from ..registry import Registry
+from ..timing import sync
 
 TREE_PREFIX = "tree:"
 #: separates a method from its own settings: ``base@key=value@key=value``
@@ -109,10 +110,10 @@ class BenchMethod:
         kwargs = {k: v for k, v in kwargs.items() if k not in ASSISTANT_CONFIG_KEYS}
         attention_mask = torch.ones_like(input_ids)
         with self.prepared(drafter):
-            _sync(input_ids.device)
+            sync(input_ids.device)
             start = time.perf_counter()
             out = model.generate(input_ids, attention_mask=attention_mask, **kwargs)
-            _sync(input_ids.device)
+            sync(input_ids.device)
             seconds = time.perf_counter() - start
         return self.collect(out, input_ids.shape[1], seconds)
 
@@ -351,8 +352,3 @@ def check_distinct(methods: list[BenchMethod]) -> None:
             raise ValueError(f"methods {runs[run]!r} and {method.name!r} are the same method with the same settings; "
                              "list it once.")
         runs[run] = method.name
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)

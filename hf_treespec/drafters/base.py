@@ -34,6 +34,9 @@ class Drafter(ABC):
     model: torch.nn.Module
     #: target layers whose hidden states the drafter consumes (-1 = pre-norm last layer); None = tokens only
     target_layers: tuple[int, ...] | None = None
+    #: fast paths this drafter implements (a subset of ``{"greedy_chain", "topk_logprobs"}``); policies use them only
+    #: when declared here (and no logits processor runs)
+    capabilities: frozenset[str] = frozenset()
 
     @classmethod
     @abstractmethod
@@ -52,23 +55,19 @@ class Drafter(ABC):
     def expand(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
         """Raw next-token logits ``[len(nodes), V]`` (float32) after each node in ``nodes``, in one forward."""
 
-    def greedy_chain(self, tree: DraftTree, node: int, length: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Optional fast path: the chain that ``length`` rounds of ``expand`` + argmax would draft below ``node``.
+    def greedy_chain(self, tree: DraftTree, node: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fast path ``"greedy_chain"``: the chain that ``length`` rounds of ``expand`` + argmax would draft below
+        ``node``, as ``(tokens, logprobs)`` (log-softmax of the raw logits at each chosen token; shorter where the
+        drafter has no proposal). Drafters that propose whole paths at once (prompt lookup) implement it and list it
+        in ``capabilities``."""
+        raise NotImplementedError(f"{type(self).__name__} does not declare the 'greedy_chain' capability")
 
-        Returns ``(tokens, logprobs)`` (log-softmax of the raw logits at each chosen token; shorter where the drafter
-        has no proposal), or None when the drafter has nothing faster than expanding depth by depth (the default).
-        Drafters that propose whole paths at once (prompt lookup) override it.
-        """
-        return None
-
-    def topk_logprobs(self, tree: DraftTree, nodes: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Optional fast path: ``(values, tokens)`` ``[len(nodes), <= k]`` of the best children of each node under the
-        log-softmax of ``expand``'s logits, best first, -inf where a node has fewer proposals.
-
-        None (the default) when the drafter only has dense rows. Drafters whose proposals are a handful of tokens
-        (prompt lookup) override it, so a policy never builds and ranks ``[len(nodes), V]`` rows of -inf.
-        """
-        return None
+    def topk_logprobs(self, tree: DraftTree, nodes: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fast path ``"topk_logprobs"``: ``(values, tokens)`` ``[len(nodes), <= k]`` of the best children of each
+        node under the log-softmax of ``expand``'s logits, best first, -inf where a node has fewer proposals.
+        Drafters whose proposals are a handful of tokens (prompt lookup) implement it and list it in
+        ``capabilities``, so a policy never builds and ranks ``[len(nodes), V]`` rows of -inf."""
+        raise NotImplementedError(f"{type(self).__name__} does not declare the 'topk_logprobs' capability")
 
     @abstractmethod
     def commit(self, tree: DraftTree, accepted: torch.Tensor, features: TargetFeatures | None = None) -> None:

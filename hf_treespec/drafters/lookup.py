@@ -73,6 +73,8 @@ class PromptLookupDrafter(Drafter):
     ``config`` is the target's config: ``generate`` validates ``assistant_model.config`` (vocabulary size).
     """
 
+    capabilities = frozenset({"greedy_chain", "topk_logprobs"})
+
     def __init__(self, config, max_ngram_size: int = 3, min_ngram_size: int = 1):
         if not 1 <= min_ngram_size <= max_ngram_size:
             raise ValueError(f"need 1 <= min_ngram_size <= max_ngram_size, got {min_ngram_size}, {max_ngram_size}")

@@ -22,6 +22,13 @@ TREE_GENERATION_KWARGS: dict[str, str] = {
     "tree_selector": "trained delay selector choosing (k, l1, l2) per step ('nde'): a folder written by "
     "`hf-treespec train nde` / DelaySelector.save_pretrained (what save_pretrained keeps), or a DelaySelector; "
     "unset: the delay_selector/ folder that ships with the assistant model, if any",
+    "dyspec_threshold": "t in [0, 1): 'dyspec' draws only while the estimated acceptance is >= t (paper: ~1/N); "
+    "0 = the pure budget-N greedy heap",
+    "tree_shape": "'static' tree: list of child-rank paths, e.g. [[0], [1], [0, 0]] (rank 0 = the draft's best child)",
+    "c2t_classifier": "'c2t' confidence classifier: a folder written by `hf-treespec train c2t` / "
+    "C2TClassifier.save_pretrained, or a C2TClassifier; unset: the c2t/ folder that ships with the assistant model",
+    "c2t_threshold": "beta in (0, 1): 'c2t' keeps and expands a candidate whose classifier confidence exceeds it",
+    "c2t_topk": "second top-k of 'c2t': at most this many candidates kept per layer (by confidence); 0 = no cap",
 }
 
 

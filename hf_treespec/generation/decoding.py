@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -15,7 +14,8 @@ from ..cache import TreeKV
 from ..drafters.base import Drafter, TargetFeatures, as_drafter
 from ..features import capture_hidden_states
 from ..policies import POLICIES, TreePolicy
-from ..policies.context import RunningMean, StepContext, sampling_params
+from ..step_context import StepContext, sampling_params
+from ..timing import Clock, RunningMean
 from ..tree import DraftTree
 from ..verifiers import VERIFIERS, Verifier
 from .config import TreeSpecSettings
@@ -92,11 +92,6 @@ def check_drafter(target: torch.nn.Module, assistant: torch.nn.Module | None) ->
     return drafter
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 @torch.no_grad()
 def tree_speculative_decoding(
     model,
@@ -109,7 +104,6 @@ def tree_speculative_decoding(
     **model_kwargs,
 ):
     """Tree-speculative replacement of ``_assisted_decoding`` (same inputs, same outputs)."""
-    t_start = time.perf_counter()
     if input_ids.shape[0] != 1:
         raise ValueError(f"tree speculation supports batch size 1 (got {input_ids.shape[0]}); loop over prompts.")
     if input_ids.shape[1] == 0:
@@ -137,14 +131,17 @@ def tree_speculative_decoding(
     device = input_ids.device
     mask_dtype = model.dtype  # read once: the property walks the parameters
     target_kv = TreeKV(cache)
+    # the clock syncs the device only when someone reads its numbers: the caller (return_dict_in_generate) or the
+    # policy (context_needs has "latencies")
+    needs = policy.context_needs
+    clock = Clock(device, enabled=want_dict or "latencies" in needs or speed is not None)
+    t_start = clock.now()
 
     # prefill: the target's first token, chosen exactly as plain generate chooses it
     prompt_len = input_ids.shape[1]
     layers = tuple(drafter.target_layers or ())
-    # policies that read a StepContext also get the target's pre-norm last state (captured after the drafter's)
-    needs_context = policy.needs_step_context
-    pass_context = needs_context or speed is not None
-    captured = layers + ((-1,) if needs_context else ())
+    # the target's pre-norm last state is captured (after the drafter's layers) only for policies that read it
+    captured = layers + ((-1,) if "target_hidden" in needs else ())
     capture = (lambda: capture_hidden_states(model, captured)) if captured else (lambda: nullcontext(None))
 
     def drafter_features(states, rows) -> TargetFeatures | None:
@@ -153,18 +150,15 @@ def tree_speculative_decoding(
     temperature, top_p = sampling_params(generation_config)
     draft_mean, target_mean = RunningMean(), RunningMean()
 
-    def step_context(states, probs_row: torch.Tensor, row: int) -> StepContext | None:
+    def step_context(states, probs_row: torch.Tensor, row) -> StepContext:
         """What the next step's policy sees: the target at the root's parent (``row`` of the last forward)."""
-        if not needs_context:
-            if speed is None:
-                return None
-            return StepContext(target_probs=None, root_token=int(input_ids[0, -1]),
-                               context_length=input_ids.shape[1], temperature=temperature, top_p=top_p, speed=speed)
         return StepContext(
-            target_probs=probs_row.softmax(-1), root_token=int(input_ids[0, -1]), context_length=input_ids.shape[1],
-            temperature=temperature, top_p=top_p, target_hidden=states.parts[-1][0, row],
+            root_token=int(input_ids[0, -1]), device=device, context_length=input_ids.shape[1],
+            temperature=temperature, top_p=top_p, target_probs=probs_row.softmax(-1),
+            target_hidden=states.parts[-1][0, row] if "target_hidden" in needs else None,
             draft_seconds=draft_mean.value, target_seconds=target_mean.value, speed=speed,
         )
+
     with capture() as states:
         out = model(
             input_ids=input_ids,
@@ -177,9 +171,9 @@ def tree_speculative_decoding(
     logits = out.logits[:, -1].float()
     processed = logits_processor(input_ids, logits)
     first = torch.multinomial(processed.softmax(-1), 1)[0] if do_sample else processed.argmax(-1)
-    t0 = time.perf_counter()
+    t0 = clock.now()
     drafter.start(input_ids[0], drafter_features(states, slice(None)))
-    draft_seconds = time.perf_counter() - t0
+    draft_seconds = clock.now() - t0
     verify_seconds = 0.0
     accepted_lengths: list[int] = []
     tree_sizes: list[int] = []
@@ -207,16 +201,10 @@ def tree_speculative_decoding(
     finished, _ = emit(first.view(1), processed, logits)
     context = step_context(states, processed[0], -1)
     while not finished:
-        root = int(input_ids[0, -1])
         source = WarpedDraftSource(drafter, logits_processor, input_ids)
-        _sync(device)
-        t0 = time.perf_counter()
-        if pass_context:
-            tree: DraftTree = policy.build(source, root, device, context=context)
-        else:
-            tree = policy.build(source, root, device)
-        _sync(device)
-        t1 = time.perf_counter()
+        t0 = clock.now()
+        tree: DraftTree = policy.build(source, context.root_token, context=context)
+        t1 = clock.now()
         nodes = torch.arange(tree.num_nodes, device=device)
         ids, positions, mask4d = target_kv.inputs_for(tree, nodes, mask_dtype)
         with capture() as states:
@@ -225,15 +213,13 @@ def tree_speculative_decoding(
                 past_key_values=cache, use_cache=True,
             )
         target_kv.fed(tree, nodes)
-        if needs_context:
-            _sync(device)
-            target_mean.add(time.perf_counter() - t1)
+        if "latencies" in needs:
+            target_mean.add(clock.now() - t1)
             draft_mean.add(t1 - t0, source.num_forwards)
         raw = out.logits[0].float()
         processed = process_tree_logits(logits_processor, input_ids, tree, nodes, raw)
         result = verifier.verify(tree, processed)
-        _sync(device)
-        t2 = time.perf_counter()
+        t2 = clock.now()
         draft_seconds += t1 - t0
         verify_seconds += t2 - t1
         draft_forwards += source.num_forwards
@@ -266,7 +252,7 @@ def tree_speculative_decoding(
         draft_forwards=draft_forwards,
         draft_seconds=draft_seconds,
         verify_seconds=verify_seconds,
-        total_seconds=time.perf_counter() - t_start,
+        total_seconds=clock.now() - t_start,
         drafted_steps=sum(size > 0 for size in tree_sizes),
     )
 

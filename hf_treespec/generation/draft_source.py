@@ -6,18 +6,25 @@ import torch
 from transformers import LogitsProcessorList
 
 from ..drafters.base import Drafter
+from ..policies.base import DraftSource
 from ..tree import DraftTree
 from .processors import process_tree_logits
 
 
-class WarpedDraftSource:
-    """Implements the policies' `DraftSource`: log-softmax of processed drafter logits, timing included."""
+class WarpedDraftSource(DraftSource):
+    """Implements the policies' `DraftSource`: log-softmax of processed drafter logits, timing included.
+
+    The drafter's fast paths (``Drafter.capabilities``) are declared here only when no logits processor runs: a
+    processor may reorder the drafter's scores, and then only the depth-by-depth route through :meth:`logprobs` sees
+    the warped ranking.
+    """
 
     def __init__(self, drafter: Drafter, processors: LogitsProcessorList, prefix_ids: torch.Tensor):
         self.drafter = drafter
         self.processors = processors
         self.prefix_ids = prefix_ids
         self.num_forwards = 0
+        self.capabilities = frozenset() if len(processors) else drafter.capabilities
 
     def logprobs(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
         logits = self.drafter.expand(tree, nodes)
@@ -25,20 +32,19 @@ class WarpedDraftSource:
         logits = process_tree_logits(self.processors, self.prefix_ids, tree, nodes, logits)
         return torch.log_softmax(logits, dim=-1)
 
-    def greedy_chain(self, tree: DraftTree, node: int, length: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The drafter's whole-path proposal (see `Drafter.greedy_chain`), or None."""
-        return self._unwarped(self.drafter.greedy_chain, tree, node, length)
+    def greedy_chain(self, tree: DraftTree, node: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The drafter's whole-path proposal (see `Drafter.greedy_chain`)."""
+        self._check("greedy_chain")
+        return self.drafter.greedy_chain(tree, node, length)
 
-    def topk_logprobs(self, tree: DraftTree, nodes: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The drafter's sparse top-k children (see `Drafter.topk_logprobs`), or None."""
-        return self._unwarped(self.drafter.topk_logprobs, tree, nodes, k)
+    def topk_logprobs(self, tree: DraftTree, nodes: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The drafter's sparse top-k children (see `Drafter.topk_logprobs`)."""
+        self._check("topk_logprobs")
+        return self.drafter.topk_logprobs(tree, nodes, k)
 
-    def _unwarped(self, fast_path, *args):
-        """A drafter fast path, offered only when no logits processor runs: a processor may reorder the drafter's
-        scores, and then only the depth-by-depth route through :meth:`logprobs` sees the warped ranking."""
-        if len(self.processors):
-            return None
-        result = fast_path(*args)
-        if result is not None:
-            self.num_forwards += 1
-        return result
+    def _check(self, capability: str) -> None:
+        if capability not in self.capabilities:
+            reason = "logits processors run" if len(self.processors) else "the drafter does not declare it"
+            raise RuntimeError(f"the draft source does not offer {capability!r} ({reason}); check "
+                               "source.capabilities first.")
+        self.num_forwards += 1

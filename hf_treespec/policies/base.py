@@ -1,13 +1,36 @@
-"""Tree policy interface: how a draft tree is grown. Policies see a draft source and the tree, never a verifier."""
+"""Tree policy interface: how a draft tree is grown. Policies see a draft source and the tree, never a verifier.
+
+Every policy implements ONE method, called by the decoding loop once per step::
+
+    def build(self, source: DraftSource, root_token: int, *, context: StepContext,
+              generator: Randomness = None) -> DraftTree
+
+* ``source.logprobs(tree, nodes)`` is the only way to reach the drafter (one draft forward per call). Fast paths
+  are declared in ``source.capabilities``; use `draft_greedy_chain` / `topk_children` rather than calling them.
+* ``context`` (`StepContext`) is filled by the loop every step: ``device``, ``root_token``, ``context_length``,
+  ``temperature`` / ``top_p`` and the target's warped probabilities at the root's parent. Facts that cost something
+  (the target's hidden state: a hook; latencies: device syncs) are gathered only when the policy lists them in its
+  ``context_needs`` (``frozenset({"target_hidden"})``, say). The loop never names a policy.
+* ``generator``: pass it to every random draw (`hf_treespec.randomness`) so the exact-enumeration tests can drive
+  the policy; deterministic policies ignore it.
+* Build trees with ``DraftTree.root(root_token, device=context.device, regime=...)`` and the tree's ``add_*`` /
+  ``select`` methods; never loop over nodes in Python on the hot path.
+
+Porting a policy written against the old ``build(source, root_token, device)``: make ``context`` and ``generator``
+keyword-only, read ``device`` from ``context.device``, and replace any ``getattr(source, "greedy_chain")`` with the
+helpers below. Outside the loop (tests, trainers) call ``policy.build(source, root, context=StepContext(root))``.
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from ..registry import Registry
+from ..step_context import CONTEXT_NEEDS, StepContext
+from ..randomness import Randomness
 from ..tree import DraftTree, Regime
 from .auto import check_budget, is_auto
 
@@ -17,16 +40,28 @@ if TYPE_CHECKING:
 POLICIES: Registry["TreePolicy"] = Registry("tree policy")
 
 
-class DraftSource(Protocol):
-    """What a policy may ask of the drafter: warped log-probabilities of the children of some nodes, in one forward."""
+class DraftSource(ABC):
+    """What a policy may ask of the drafter: warped log-probabilities of the children of some nodes, in one forward.
 
+    ``capabilities`` declares the fast paths a source offers (a subset of ``{"greedy_chain", "topk_logprobs"}``);
+    policies call a fast path only when it is declared, through `draft_greedy_chain` / `topk_children`, which fall
+    back to ``logprobs`` otherwise and give the same tree either way:
+
+    * ``greedy_chain(tree, node, length) -> (tokens, logprobs)``: the chain of draft argmaxes below ``node``;
+    * ``topk_logprobs(tree, nodes, k) -> (values, tokens)``: each node's best children, without ``[m, V]`` rows.
+    """
+
+    capabilities: frozenset[str] = frozenset()
+
+    @abstractmethod
     def logprobs(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
         """``[len(nodes), V]`` log q(. | node) after the same logits processors as the target's."""
 
-    # Optional fast paths (a source may offer them and may answer None; `draft_greedy_chain` / `topk_children` fall
-    # back to ``logprobs``):
-    #   ``greedy_chain(tree, node, length) -> (tokens, logprobs) | None``: the chain of draft argmaxes below ``node``;
-    #   ``topk_logprobs(tree, nodes, k) -> (values, tokens) | None``: each node's best children, without [m, V] rows.
+    def greedy_chain(self, tree: DraftTree, node: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError(f"{type(self).__name__} does not declare the 'greedy_chain' capability")
+
+    def topk_logprobs(self, tree: DraftTree, nodes: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError(f"{type(self).__name__} does not declare the 'topk_logprobs' capability")
 
 
 class TreePolicy(ABC):
@@ -41,10 +76,10 @@ class TreePolicy(ABC):
     regime: ClassVar[str] = Regime.DETERMINISTIC
     default_verifier: ClassVar[str] = "nss"
     name: ClassVar[str] = ""
+    #: optional `StepContext` facts this policy reads (names from `CONTEXT_NEEDS`); the loop gathers only these
+    context_needs: frozenset[str] = frozenset()
     #: True for policies that implement ``tree_budget="auto"``
     supports_auto: ClassVar[bool] = False
-    #: True for policies whose ``build`` takes ``context=`` (a `StepContext`, filled by the decoding loop per step)
-    needs_step_context: ClassVar[bool] = False
 
     @property
     def auto_sized(self) -> bool:
@@ -59,6 +94,10 @@ class TreePolicy(ABC):
             raise TypeError(f"tree_policy={self.name!r} does not take {sorted(unknown)}")
         self.params = {**self.defaults, **{k: v for k, v in params.items() if v is not None}}
         self.validate()
+        unknown_needs = set(self.context_needs) - CONTEXT_NEEDS
+        if unknown_needs:
+            raise TypeError(f"{type(self).__name__}.context_needs names {sorted(unknown_needs)}; the decoding loop "
+                            f"can gather {sorted(CONTEXT_NEEDS)}.")
 
     #: kwargs the policy takes only with the value "auto" (the sampled policies' tree_budget)
     auto_only: ClassVar[frozenset[str]] = frozenset()
@@ -99,8 +138,20 @@ class TreePolicy(ABC):
         return self.regime
 
     @abstractmethod
-    def build(self, source: DraftSource, root_token: int, device: torch.device) -> DraftTree:
-        """Grows the tree for one decoding step."""
+    def build(
+        self, source: DraftSource, root_token: int, *, context: StepContext, generator: Randomness = None
+    ) -> DraftTree:
+        """Grows the tree for one decoding step.
+
+        Args:
+            source: the drafter seen through the target's logits processors (`DraftSource`).
+            root_token: the step's root (the last committed token; ``context.root_token`` too).
+            context: what the loop knows at the root (`StepContext`): ``context.device`` for the tree's tensors,
+                plus whatever ``context_needs`` asked for. Callers outside the loop pass
+                ``StepContext(root_token, device)``.
+            generator: where random draws come from (torch's global RNG when None; a ``RandomSource`` in the
+                exact-enumeration tests). Deterministic policies ignore it.
+        """
 
 
 def top_by_score(tree: DraftTree, count: int) -> DraftTree:
@@ -116,13 +167,11 @@ def top_by_score(tree: DraftTree, count: int) -> DraftTree:
 def draft_greedy_chain(source: DraftSource, tree: DraftTree, node: int, length: int) -> DraftTree:
     """Hangs below ``node`` the chain of draft argmaxes, up to ``length`` tokens, stopping where q has no support.
 
-    A source that offers ``greedy_chain`` (prompt lookup without logits processors) proposes the whole chain in one
+    A source that declares ``greedy_chain`` (prompt lookup without logits processors) proposes the whole chain in one
     call; any other is asked depth by depth. Both give the same tree.
     """
-    fast = getattr(source, "greedy_chain", None)
-    chain = fast(tree, node, length) if fast is not None else None
-    if chain is not None:
-        return tree.add_path(node, *chain)
+    if "greedy_chain" in source.capabilities:
+        return tree.add_path(node, *source.greedy_chain(tree, node, length))
     current = torch.tensor([node], device=tree.device)
     for _ in range(length):
         logq, token = source.logprobs(tree, current).max(dim=-1)  # argmax (first on ties), ~3x faster on CPU
@@ -137,10 +186,8 @@ def topk_children(
     source: DraftSource, tree: DraftTree, nodes: torch.Tensor, k: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(values, tokens)`` ``[len(nodes), <= k]``: each node's ``k`` most likely children under q, best first, -inf
-    where q has fewer tokens (`DraftTree.add_children` drops those). Sparse when the source offers ``topk_logprobs``."""
-    fast = getattr(source, "topk_logprobs", None)
-    top = fast(tree, nodes, k) if fast is not None else None
-    if top is None:
-        logq = source.logprobs(tree, nodes)
-        top = logq.topk(min(k, logq.shape[-1]), dim=-1)
-    return top
+    where q has fewer tokens (`DraftTree.add_children` drops those). Sparse when the source declares ``topk_logprobs``."""
+    if "topk_logprobs" in source.capabilities:
+        return source.topk_logprobs(tree, nodes, k)
+    logq = source.logprobs(tree, nodes)
+    return logq.topk(min(k, logq.shape[-1]), dim=-1)

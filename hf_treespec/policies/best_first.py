@@ -31,7 +31,8 @@ class SALFPolicy(TreePolicy):
         if not 0 <= th < 1:
             raise ValueError(f"salf_threshold must be in [0, 1), got {th}.")
 
-    def build(self, source, root_token, device, context=None) -> DraftTree:
+    def build(self, source, root_token, *, context, generator=None) -> DraftTree:
+        device = context.device
         sizer = sizer_from(context, self.name) if self.auto_sized else None
         tree = DraftTree.root(root_token, device=device)
         if sizer is not None and not sizer.should_draft():

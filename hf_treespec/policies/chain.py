@@ -20,7 +20,8 @@ class ChainPolicy(TreePolicy):
     def regime_for(self) -> str:
         return Regime.IID if self.do_sample else Regime.DETERMINISTIC
 
-    def build(self, source, root_token, device) -> DraftTree:
+    def build(self, source, root_token, *, context, generator=None) -> DraftTree:
+        device = context.device
         tree = DraftTree.root(root_token, device=device, regime=self.regime_for())
         depth = int(self.params["tree_depth"])
         if not self.do_sample:

@@ -24,9 +24,10 @@ class Eagle2Policy(TreePolicy):
     defaults = {"tree_budget": 60, "tree_depth": 7, "tree_topk": 10}
     supports_auto = True
 
-    def build(self, source, root_token, device, context=None) -> DraftTree:
+    def build(self, source, root_token, *, context, generator=None) -> DraftTree:
         """With ``tree_budget="auto"`` the beam deepens while the cost rule says the next level can pay, and the final
         rerank keeps the rate-maximising number of nodes (possibly none: a step without drafts)."""
+        device = context.device
         sizer = sizer_from(context, self.name) if self.auto_sized else None
         tree = DraftTree.root(root_token, device=device)
         if sizer is not None and not sizer.should_draft():

@@ -13,6 +13,7 @@ from abc import abstractmethod
 import torch
 
 from ..randomness import Randomness, multinomial_counts
+from ..step_context import StepContext
 from ..tree import DraftTree, Regime
 from .auto import is_auto, sizer_from
 from .base import POLICIES, DraftSource, TreePolicy
@@ -68,11 +69,10 @@ class _SampledPathsPolicy(TreePolicy):
         return self.shape()[1] == 1
 
     def build(
-        self, source: DraftSource, root_token: int, device: torch.device, generator: Randomness = None,
-        context=None,
+        self, source: DraftSource, root_token: int, *, context: StepContext, generator: Randomness = None
     ) -> DraftTree:
-        """``generator``: where the draws come from (torch's global RNG when None; a RandomSource in exact tests).
-        With do_sample=False the tree is still sampled (greedy verification is lossless for any tree)."""
+        """With do_sample=False the tree is still sampled (greedy verification is lossless for any tree)."""
+        device = context.device
         trunk, paths, branch = self.shape()
         tree = DraftTree.root(root_token, device=device, regime=self.regime)
         if self.auto_sized:  # (k, l) per step by measured cost, the kwargs as upper bounds; None: no drafts

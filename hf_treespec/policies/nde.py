@@ -35,7 +35,7 @@ from torch import nn
 from ..randomness import Randomness
 from ..tree import DraftTree, Regime
 from .base import POLICIES, DraftSource, TreePolicy
-from .context import StepContext
+from ..step_context import StepContext
 from .iid import grow_iid
 
 if TYPE_CHECKING:
@@ -298,7 +298,7 @@ class DelaySelector(nn.Module):
 
 
 # ------------------------------------------------------------------------------------------------------ policy
-class _PrimedSource:
+class _PrimedSource(DraftSource):
     """A `DraftSource` whose first answer, q(. | root), is already known (the selector needed it)."""
 
     def __init__(self, source: DraftSource, root_logprobs: torch.Tensor):
@@ -345,7 +345,6 @@ class NDEPolicy(TreePolicy):
     defaults: ClassVar[dict[str, Any]] = {"tree_selector": None}
     regime = Regime.IID
     default_verifier = "specinfer"
-    needs_step_context = True
 
     @classmethod
     def defaults_from_drafter(cls, drafter: "Drafter") -> dict[str, Any]:
@@ -374,6 +373,11 @@ class NDEPolicy(TreePolicy):
     def needs_target_hidden(self) -> bool:
         return "target_hidden" in self.selector.config.hidden_inputs
 
+    @property
+    def context_needs(self) -> frozenset[str]:
+        """Latencies always (they are selector features); the target's hidden state when the selector reads it."""
+        return frozenset({"latencies", "target_hidden"} if self.needs_target_hidden else {"latencies"})
+
     def choose(self, context: StepContext, draft_probs: torch.Tensor) -> Action:
         """The selector's action for this root (``draft_probs``: q(. | root))."""
         device = next(self.selector.parameters()).device
@@ -387,13 +391,13 @@ class NDEPolicy(TreePolicy):
         return self.selector.select(scalars, **hidden)
 
     def build(
-        self, source: DraftSource, root_token: int, device: torch.device, generator: Randomness = None,
-        context: StepContext | None = None,
+        self, source: DraftSource, root_token: int, *, context: StepContext, generator: Randomness = None
     ) -> DraftTree:
-        if context is None:
-            raise ValueError("tree_policy='nde' picks each tree's shape from the step context (target state at the "
-                             "root's parent, measured latencies): use it through generate(), or pass "
-                             "context=StepContext(...) when calling build by hand.")
+        if context.target_probs is None:
+            raise ValueError("tree_policy='nde' picks each tree's shape from the target's probabilities at the "
+                             "root's parent: use it through generate(), or pass StepContext(target_probs=...) when "
+                             "calling build by hand.")
+        device = context.device
         tree = DraftTree.root(root_token, device=device, regime=self.regime)
         root_logprobs = source.logprobs(tree, torch.zeros(1, dtype=torch.long, device=device))
         action = self.choose(context, root_logprobs[0].exp())

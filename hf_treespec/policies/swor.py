@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..randomness import Randomness, without_replacement
+from ..step_context import StepContext
 from ..tree import DraftTree, Regime
 from .auto import is_auto, sizer_from
 from .base import POLICIES, DraftSource, TreePolicy
@@ -38,12 +39,9 @@ class SWORPolicy(TreePolicy):
         return int(self.params["tree_topk"]) == 1
 
     def build(
-        self, source: DraftSource, root_token: int, device: torch.device, generator: Randomness = None,
-        context=None,
+        self, source: DraftSource, root_token: int, *, context: StepContext, generator: Randomness = None
     ) -> DraftTree:
-        """``generator``: where the draws come from (torch's global RNG when None; a RandomSource in exact tests).
-        With ``tree_budget="auto"``, (k, l) are chosen per step by measured cost, ``tree_topk`` / ``tree_depth`` being
-        upper bounds; possibly no drafts at all."""
+        device = context.device
         k, depth = int(self.params["tree_topk"]), int(self.params["tree_depth"])
         tree = DraftTree.root(root_token, device=device, regime=self.regime)
         if self.auto_sized:

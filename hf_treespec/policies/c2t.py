@@ -1,0 +1,191 @@
+"""C2T: EAGLE-2-like layer-by-layer trees pruned *before* verification by a tiny classifier (papers/c2t.txt).
+
+Each layer, every frontier node is expanded in one batched draft forward; its ``tree_topk`` most likely children are
+the candidates. A two-layer FFN (hidden 48, ReLU, sigmoid) scores each candidate from three properties of the tree
+only: its joint draft probability, the entropy of its parent's draft distribution over that distribution's top 1000
+tokens, and its depth. Candidates whose confidence exceeds ``c2t_threshold`` (beta) are kept; of those, at most
+``c2t_topk`` per layer (highest confidence; the paper's second pruning) become the tree's nodes and the next frontier.
+The tree stops at ``tree_depth`` or when no candidate passes. Siblings stay in draft-rank order, and the regime is
+deterministic (top-k by draft score), so greedy and NSS verification stay lossless whatever the classifier says.
+
+The classifier is trained for one drafter / target pair (``hf-treespec train c2t-data`` then ``train c2t``) and ships
+beside the drafter in ``c2t/`` (like ``delay_selector/``); ``c2t_classifier`` overrides it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import nn
+
+from ..tree import DraftTree
+from .base import POLICIES, TreePolicy
+
+if TYPE_CHECKING:
+    from ..drafters.base import Drafter
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+CLASSIFIER_TYPE = "treespec_c2t_classifier"
+#: subfolder of a drafter checkpoint holding the classifier trained for that drafter (used when c2t_classifier unset)
+CLASSIFIER_SUBFOLDER = "c2t"
+FEATURES = ("joint_prob", "parent_entropy", "depth")
+
+HOW_TO_TRAIN = (
+    "Make one with `hf-treespec train c2t-data --output runs/c2t/data` (full EAGLE-2 trees labelled by the target) "
+    "and `hf-treespec train c2t --data runs/c2t/data --output-dir runs/c2t`, then pass c2t_classifier='runs/c2t' (or "
+    f"copy it to <drafter folder>/{CLASSIFIER_SUBFOLDER}/ to make it that drafter's default)."
+)
+
+
+def top_entropy(logq: torch.Tensor, top: int = 1000) -> torch.Tensor:
+    """``[m]`` -sum p log p over the ``top`` most likely tokens of each row of log-probs ``[m, V]`` (the paper's
+    cheap stand-in for the full entropy; the tail beyond the top 1000 carries almost no mass)."""
+    values = logq.topk(min(top, logq.shape[-1]), dim=-1).values.float()
+    probs = values.exp()
+    return -(probs * torch.where(probs > 0, values, torch.zeros_like(values))).sum(-1)
+
+
+def node_features(joint_logprob: torch.Tensor, parent_entropy: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
+    """``[..., 3]`` classifier inputs in :data:`FEATURES` order (the same function builds training rows)."""
+    return torch.stack([joint_logprob.float().exp(), parent_entropy.float(), depth.float()], dim=-1)
+
+
+@dataclass
+class C2TClassifierConfig:
+    """Architecture of a :class:`C2TClassifier` (saved as ``config.json``)."""
+
+    hidden_size: int = 48
+    entropy_top: int = 1000
+    standardised: bool = False
+    features: tuple[str, ...] = FEATURES
+    classifier_type: str = CLASSIFIER_TYPE
+
+    def __post_init__(self) -> None:
+        self.features = tuple(self.features)
+        if self.features != FEATURES:
+            raise ValueError(f"a C2T classifier reads the features {FEATURES}, got {self.features}.")
+        if self.hidden_size < 1 or self.entropy_top < 1:
+            raise ValueError("hidden_size and entropy_top must be >= 1.")
+        if self.classifier_type != CLASSIFIER_TYPE:
+            raise ValueError(f"not a C2T classifier config (classifier_type={self.classifier_type!r}).")
+
+
+class C2TClassifier(nn.Module):
+    """Two-layer FFN (Linear -> ReLU -> Linear) over standardised features; ``confidence`` applies the sigmoid."""
+
+    def __init__(self, config: C2TClassifierConfig | None = None):
+        super().__init__()
+        self.config = config or C2TClassifierConfig()
+        width = len(FEATURES)
+        self.register_buffer("feature_mean", torch.zeros(width))
+        self.register_buffer("feature_std", torch.ones(width))
+        self.net = nn.Sequential(nn.Linear(width, self.config.hidden_size), nn.ReLU(),
+                                 nn.Linear(self.config.hidden_size, 1))
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        """``[..., 3]`` features -> ``[...]`` logits."""
+        return self.net((features.float() - self.feature_mean) / self.feature_std).squeeze(-1)
+
+    @torch.no_grad()
+    def confidence(self, features: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self(features))
+
+    @torch.no_grad()
+    def fit_standardisation(self, features: torch.Tensor, min_std: float = 1e-3) -> None:
+        self.feature_mean.copy_(features.float().mean(0))
+        self.feature_std.copy_(features.float().std(0).clamp(min=min_std))
+        self.config.standardised = True
+
+    def save_pretrained(self, folder: str | Path) -> None:
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        config = asdict(self.config)
+        config["features"] = list(config["features"])
+        (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+        state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
+        save_file(state, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
+
+    @classmethod
+    def from_pretrained(cls, folder: str | Path, device: torch.device | str | None = None) -> "C2TClassifier":
+        from safetensors.torch import load_file
+
+        folder = Path(folder)
+        if not (folder / CONFIG_NAME).is_file() or not (folder / WEIGHTS_NAME).is_file():
+            raise ValueError(f"{folder} is not a C2T classifier folder (needs {CONFIG_NAME} and {WEIGHTS_NAME}). "
+                             + HOW_TO_TRAIN)
+        config = json.loads((folder / CONFIG_NAME).read_text())
+        if config.get("classifier_type") != CLASSIFIER_TYPE:
+            raise ValueError(f"{folder / CONFIG_NAME} does not describe a C2T classifier (classifier_type="
+                             f"{config.get('classifier_type')!r}). " + HOW_TO_TRAIN)
+        model = cls(C2TClassifierConfig(**config))
+        model.load_state_dict(load_file(str(folder / WEIGHTS_NAME)))
+        return model.to(device).eval() if device is not None else model.eval()
+
+
+def load_classifier(classifier: Any) -> C2TClassifier:
+    """A :class:`C2TClassifier` from the ``c2t_classifier`` generate kwarg (a folder or a classifier)."""
+    if isinstance(classifier, C2TClassifier):
+        return classifier.eval()
+    if isinstance(classifier, (str, Path)):
+        return C2TClassifier.from_pretrained(classifier)
+    raise TypeError(f"c2t_classifier must be a C2T classifier folder or a C2TClassifier, got "
+                    f"{type(classifier).__name__}.")
+
+
+@POLICIES.register("c2t")
+class C2TPolicy(TreePolicy):
+    defaults: ClassVar[dict[str, Any]] = {"c2t_classifier": None, "c2t_threshold": 0.5, "c2t_topk": 15,
+                                          "tree_topk": 10, "tree_depth": 7}
+
+    @classmethod
+    def defaults_from_drafter(cls, drafter: "Drafter") -> dict[str, Any]:
+        folder = drafter.bundled_path(CLASSIFIER_SUBFOLDER)
+        return {} if folder is None else {"c2t_classifier": str(folder)}
+
+    def validate(self) -> None:
+        super().validate()
+        beta = float(self.params["c2t_threshold"])
+        if not 0 < beta < 1:
+            raise ValueError(f"c2t_threshold must be in (0, 1) (a classifier confidence), got {beta}.")
+        if int(self.params["c2t_topk"]) < 0:
+            raise ValueError(f"c2t_topk must be >= 0 (0 = no per-layer cap), got {self.params['c2t_topk']}.")
+        if self.params["c2t_classifier"] is None:
+            raise ValueError(
+                "tree_policy='c2t' needs a trained confidence classifier: pass c2t_classifier=..., or use an assistant "
+                f"model loaded from a folder that ships one in {CLASSIFIER_SUBFOLDER}/ (as the drafter of "
+                "hf_treespec.assets.default_drafter(model) does). " + HOW_TO_TRAIN)
+        self.classifier = load_classifier(self.params["c2t_classifier"])
+
+    def build(self, source, root_token, *, context, generator=None) -> DraftTree:
+        device = context.device
+        k, depth = int(self.params["tree_topk"]), int(self.params["tree_depth"])
+        beta, cap = float(self.params["c2t_threshold"]), int(self.params["c2t_topk"])
+        classifier = self.classifier.to(device)
+        tree = DraftTree.root(root_token, device=device)
+        frontier = torch.zeros(1, dtype=torch.long, device=device)
+        for level in range(depth):
+            logq = source.logprobs(tree, frontier)
+            entropy = top_entropy(logq, classifier.config.entropy_top)
+            vals, toks = logq.topk(min(k, logq.shape[-1]), dim=-1)  # first top-k: only these are scored
+            joint = tree.scores[frontier][:, None] + vals
+            feats = node_features(joint, entropy[:, None].expand_as(joint),
+                                  torch.full_like(joint, level + 1))
+            conf = classifier.confidence(feats)
+            keep = torch.isfinite(vals) & (conf > beta)
+            if cap and int(keep.sum()) > cap:  # second top-k: the layer's most confident candidates
+                best = torch.where(keep, conf, torch.full_like(conf, -1.0)).flatten().topk(cap).indices
+                keep = torch.zeros_like(keep).flatten().index_fill_(0, best, True).view_as(keep)
+            rows, cols = keep.nonzero(as_tuple=True)  # row-major: by parent, then draft rank
+            if rows.numel() == 0:
+                break
+            start = tree.num_nodes
+            tree = tree.add_children(frontier[rows], toks[rows, cols], vals[rows, cols])
+            frontier = torch.arange(start, tree.num_nodes, device=device)
+        return tree

@@ -1,0 +1,247 @@
+"""C2T classifier: training data from full EAGLE-2 trees labelled by the target, and `C2TTrainer` (papers/c2t.txt,
+Appendix B).
+
+Data. For every prompt the target's greedy trajectory is generated; a root is taken every ``root_every`` tokens.
+At each root the drafter (restarted on the root's context) grows the *full* EAGLE-2 tree (``tree_topk`` children
+per beam node, ``tree_depth`` levels, no final rerank) and the target scores every tree node in one tree forward.
+A node's label is 1 iff greedy verification accepts it: each token on its path is the target's argmax after the
+path before it. Features per node are :func:`hf_treespec.policies.c2t.node_features` (joint draft probability,
+entropy of the parent's draft distribution over its top 1000 tokens, depth), exactly what the ``c2t`` policy feeds
+the classifier; the node's rank among its siblings is kept too (``hf-treespec train static-shape`` turns it into
+Sequoia's per-rank acceptance).
+
+Training. Positives are rare (a few accepted nodes per tree of hundreds), so every positive is kept and negatives
+are subsampled to ``negative_ratio`` per positive (negative sampling); the loss is binary cross-entropy.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+from transformers import DynamicCache, GenerationConfig, Trainer, TrainingArguments
+
+from hf_treespec.cache import keep_rows
+from hf_treespec.drafters.base import TargetFeatures, as_drafter
+from hf_treespec.features import capture_hidden_states
+from hf_treespec.generation.processors import process_tree_logits
+from hf_treespec.policies import POLICIES
+from hf_treespec.policies.c2t import C2TClassifier, node_features, top_entropy
+from hf_treespec.step_context import StepContext
+from hf_treespec.policies.base import DraftSource
+from hf_treespec.tree import DraftTree
+
+from .nde_data import TargetOracle
+
+COLUMNS = ("features", "label", "rank", "depth", "expanded", "prompt", "position")
+
+
+@dataclass
+class C2TDataConfig:
+    """Settings of ``c2t-data``: the EAGLE-2 tree (paper: top-k 10, no rerank) and where roots are taken."""
+
+    tree_topk: int = 10
+    tree_depth: int = 5
+    max_new_tokens: int = 64
+    root_every: int = 16
+    entropy_top: int = 1000
+
+    def __post_init__(self) -> None:
+        if min(self.tree_topk, self.tree_depth, self.max_new_tokens, self.root_every, self.entropy_top) < 1:
+            raise ValueError("tree_topk, tree_depth, max_new_tokens, root_every and entropy_top must be >= 1.")
+
+    @property
+    def full_tree_nodes(self) -> int:
+        return self.tree_topk + (self.tree_depth - 1) * self.tree_topk**2
+
+
+class _RecordingSource(DraftSource):
+    """A draft source that also remembers the top-1000 entropy of every node it expanded."""
+
+    def __init__(self, drafter, processors, prefix_ids: torch.Tensor, entropy_top: int):
+        self.drafter, self.processors, self.prefix_ids, self.entropy_top = drafter, processors, prefix_ids, entropy_top
+        self.entropy: dict[int, float] = {}  # node uid -> entropy
+
+    def logprobs(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
+        logits = process_tree_logits(self.processors, self.prefix_ids, tree, nodes, self.drafter.expand(tree, nodes))
+        logq = torch.log_softmax(logits, -1)
+        for uid, h in zip(tree.uids[nodes].tolist(), top_entropy(logq, self.entropy_top).tolist()):
+            self.entropy[uid] = h
+        return logq
+
+
+def label_tree(tree: DraftTree, target_argmax: torch.Tensor) -> torch.Tensor:
+    """``[n]`` bool: node accepted by greedy verification (root True). Parents precede children, so one pass over
+    depths suffices (a vectorised step per depth, not per node)."""
+    accepted = torch.zeros(tree.num_nodes, dtype=torch.bool, device=tree.device)
+    accepted[0] = True
+    parents = tree.parents.clamp(min=0)
+    match = target_argmax[parents] == tree.tokens
+    for _ in range(tree.max_depth):
+        accepted = accepted | (accepted[parents] & match & (tree.parents >= 0))
+    return accepted
+
+
+def sibling_rank(tree: DraftTree) -> torch.Tensor:
+    """``[n]`` position of each node among its parent's children (draft-rank order; root 0)."""
+    n = tree.num_nodes
+    same = (tree.parents[:, None] == tree.parents[None, :]) & (torch.arange(n)[None, :] < torch.arange(n)[:, None])
+    return same.sum(-1)
+
+
+@torch.no_grad()
+def prompt_rows(model, drafter, prompt_ids: torch.Tensor, config: C2TDataConfig, prompt_index: int = 0
+                ) -> list[dict[str, Any]]:
+    """Labelled nodes of every root of one prompt's greedy trajectory."""
+    device = model.device
+    prompt_ids = prompt_ids.to(device)
+    gen = GenerationConfig(do_sample=False, max_new_tokens=config.max_new_tokens, num_beams=1)
+    sequence = model.generate(prompt_ids, generation_config=gen)[0]
+    prompt_length = prompt_ids.shape[1]
+    roots = list(range(prompt_length, sequence.numel() - 1, config.root_every))
+    if not roots:
+        return []
+    processors = model._get_logits_processor(gen, input_ids_seq_length=prompt_length, device=device)
+    layers = tuple(drafter.target_layers or ())
+    cache = DynamicCache(config=model.config)
+    end = roots[-1]
+    with capture_hidden_states(model, layers) if layers else _null() as states:
+        model.get_decoder()(input_ids=sequence[None, :end], position_ids=torch.arange(end, device=device)[None],
+                            past_key_values=cache, use_cache=True)
+    drafter_states = states.joined(len(layers))[0] if layers else None
+    policy = POLICIES.get("eagle2")(tree_topk=config.tree_topk, tree_depth=config.tree_depth,
+                                    tree_budget=config.full_tree_nodes)
+    rows = []
+    for t in reversed(roots):
+        keep_rows(cache, t, torch.zeros(0, dtype=torch.long))
+        prefix = sequence[None, : t + 1]
+        drafter.start(sequence[:t], TargetFeatures(drafter_states[:t]) if layers else None)
+        source = _RecordingSource(drafter, processors, prefix, config.entropy_top)
+        tree = policy.build(source, int(sequence[t]), context=StepContext(int(sequence[t]), device=device))
+        target = TargetOracle(model, processors, cache, t, prefix)
+        argmax = target(tree, torch.arange(tree.num_nodes, device=device)).argmax(-1)
+        labels = label_tree(tree, argmax)
+        parent_uid = tree.uids[tree.parents.clamp(min=0)]
+        entropy = torch.tensor([source.entropy[u] for u in parent_uid.tolist()])
+        feats = node_features(tree.scores, entropy, tree.depth)
+        ranks, expanded = sibling_rank(tree), tree.num_children() > 0
+        for v in range(1, tree.num_nodes):
+            rows.append({"features": feats[v].tolist(), "label": int(labels[v]), "rank": int(ranks[v]),
+                         "depth": int(tree.depth[v]), "expanded": int(expanded[v]), "prompt": prompt_index,
+                         "position": t})
+    return rows
+
+
+class _null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def generate_c2t_data(model, drafter_model, prompts: Sequence[torch.Tensor], config: C2TDataConfig,
+                      progress: bool = True):
+    """A ``datasets.Dataset`` of labelled tree nodes (columns :data:`COLUMNS`) for ``prompts`` (``[1, L]`` ids)."""
+    from datasets import Dataset
+    from tqdm.auto import tqdm
+
+    drafter = as_drafter(drafter_model)
+    rows: list[dict[str, Any]] = []
+    for i, prompt in enumerate(tqdm(prompts, desc="c2t-data", unit="prompt", disable=not progress)):
+        rows += prompt_rows(model, drafter, prompt, config, i)
+    return Dataset.from_dict({c: [r[c] for r in rows] for c in COLUMNS})
+
+
+def rank_acceptance(dataset, max_rank: int | None = None) -> list[float]:
+    """Sequoia's per-rank acceptance a_r from labelled full trees: accepted rank-r children / accepted expanded
+    parents (every expanded node of a full EAGLE-2 tree has the same top-k children)."""
+    data = dataset.with_format("torch")[:]
+    label, rank = data["label"].bool(), data["rank"]
+    # expanded parents the target reached: the root of every tree, plus accepted nodes that have children
+    roots = len({(int(p), int(q)) for p, q in zip(data["prompt"], data["position"])})
+    reached = roots + int((label & data["expanded"].bool()).sum())
+    top = int(rank.max()) + 1 if max_rank is None else max_rank
+    return [float((label & (rank == r)).sum()) / max(reached, 1) for r in range(top)]
+
+
+def negative_sample(dataset, ratio: float, seed: int = 0):
+    """Every positive and ``ratio`` negatives per positive (drawn without replacement, fixed seed)."""
+    labels = torch.tensor(dataset["label"])
+    pos = labels.nonzero().flatten()
+    neg = (labels == 0).nonzero().flatten()
+    count = min(neg.numel(), int(round(ratio * pos.numel())))
+    gen = torch.Generator().manual_seed(seed)
+    chosen = neg[torch.randperm(neg.numel(), generator=gen)[:count]]
+    return dataset.select(torch.cat([pos, chosen]).sort().values.tolist())
+
+
+@dataclass
+class C2TConfig(TrainingArguments):
+    """``TrainingArguments`` with C2T's settings (Appendix B.2: batch 1024, Adam, 10 epochs, BCE)."""
+
+    negative_ratio: float = field(default=4.0, metadata={"help": "negatives kept per positive (0 = keep all)"})
+    learning_rate: float = field(default=1e-2, metadata={"help": "peak learning rate"})
+    num_train_epochs: float = field(default=10.0, metadata={"help": "epochs"})
+    per_device_train_batch_size: int = field(default=1024, metadata={"help": "nodes per step"})
+    per_device_eval_batch_size: int = field(default=1024, metadata={"help": "nodes per eval step"})
+    weight_decay: float = field(default=0.0, metadata={"help": "weight decay"})
+    remove_unused_columns: bool = field(default=False, metadata={"help": "the collator reads named columns"})
+    prediction_loss_only: bool = field(default=True, metadata={"help": "evaluation reports the loss"})
+    report_to: Any = field(default="none", metadata={"help": "experiment trackers"})
+    seed_negatives: int = field(default=0, metadata={"help": "seed of the negative sampling"})
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.negative_ratio < 0:
+            raise ValueError("negative_ratio must be >= 0.")
+
+
+def collate(rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    return {"features": torch.tensor([r["features"] for r in rows], dtype=torch.float32),
+            "labels": torch.tensor([r["label"] for r in rows], dtype=torch.float32)}
+
+
+class C2TTrainer(Trainer):
+    """Trains a :class:`~hf_treespec.policies.c2t.C2TClassifier` with BCE on (negative-sampled) labelled nodes.
+
+    Fits the classifier's feature standardisation on the training rows first; ``save_model`` writes the classifier
+    folder that ``c2t_classifier=`` loads (or that ships as ``<drafter>/c2t/``)."""
+
+    def __init__(self, model: C2TClassifier, args: C2TConfig | None = None, *, train_dataset=None, eval_dataset=None,
+                 data_collator=None, **kwargs):
+        args = args or C2TConfig(output_dir="c2t-classifier")
+        if not isinstance(args, C2TConfig):
+            raise TypeError(f"C2TTrainer needs a C2TConfig, got {type(args).__name__}.")
+        if not isinstance(model, C2TClassifier):
+            raise TypeError(f"C2TTrainer trains a C2TClassifier, got {type(model).__name__}.")
+        if train_dataset is not None:
+            if sum(train_dataset["label"]) == 0:
+                raise ValueError("the training data has no accepted node (label 1): generate more c2t-data.")
+            if args.negative_ratio > 0:
+                train_dataset = negative_sample(train_dataset, args.negative_ratio, args.seed_negatives)
+            if not model.config.standardised:
+                model.fit_standardisation(torch.tensor(train_dataset["features"], dtype=torch.float32))
+        super().__init__(model=model, args=args, data_collator=data_collator or collate, train_dataset=train_dataset,
+                         eval_dataset=eval_dataset, **kwargs)
+
+    def compute_loss(self, model, inputs, return_outputs: bool = False, num_items_in_batch=None):
+        logits = model(inputs["features"])
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, inputs["labels"])
+        return (loss, {"logits": logits.detach()}) if return_outputs else loss
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        inputs = self._prepare_inputs(inputs)
+        with torch.no_grad():
+            loss = self.compute_loss(model, inputs)
+        return loss.detach(), None, None
+
+    def _save(self, output_dir: str | None = None, state_dict=None) -> None:
+        from transformers.trainer import TRAINING_ARGS_NAME
+
+        output_dir = output_dir or self.args.output_dir
+        os.makedirs(output_dir, exist_ok=True)
+        self.accelerator.unwrap_model(self.model).save_pretrained(output_dir)
+        torch.save(self.args, os.path.join(output_dir, TRAINING_ARGS_NAME))

@@ -1,0 +1,159 @@
+"""``hf-treespec train c2t-data | c2t | static-shape``: the C2T classifier and Sequoia's static shape."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+
+def add_c2t_commands(commands, common, threads) -> None:
+    p = commands.add_parser("c2t-data", help="full EAGLE-2 trees on ShareGPT train prompts, nodes labelled by the "
+                                             "target's greedy acceptance (C2T classifier data)",
+                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    common(p)
+    p.add_argument("--drafter", default="default", help="default (the shipped drafter), truncated:K, or a folder")
+    p.add_argument("--skip", type=int, default=0, help="skip the first N train prompts")
+    p.add_argument("--num-prompts", type=int, default=150)
+    p.add_argument("--max-prompt-length", type=int, default=768, help="skip prompts longer than this (tokens)")
+    p.add_argument("--dtype", default="fp32", choices=["bf16", "fp32"])
+    p.add_argument("--tree-topk", type=int, default=10)
+    p.add_argument("--tree-depth", type=int, default=5)
+    p.add_argument("--max-new-tokens", type=int, default=64, help="greedy trajectory length per prompt")
+    p.add_argument("--root-every", type=int, default=16, help="a tree root every N generated tokens")
+    p.add_argument("--output", default="runs/c2t/data")
+    p.set_defaults(handler=lambda args: run_c2t_data(args, threads))
+
+    p = commands.add_parser("c2t", help="train the C2T confidence classifier (tree_policy='c2t') on c2t-data",
+                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--data", required=True, help="c2t-data folder")
+    p.add_argument("--output-dir", default="runs/c2t", help="the classifier folder (-> c2t_classifier=)")
+    p.add_argument("--hidden-size", type=int, default=48)
+    p.add_argument("--negative-ratio", type=float, default=4.0, help="negatives kept per positive")
+    p.add_argument("--epochs", type=float, default=10.0)
+    p.add_argument("--lr", type=float, default=1e-2)
+    p.add_argument("--batch-size", type=int, default=1024)
+    p.add_argument("--eval-fraction", type=float, default=0.05, help="held-out share of the trees (by prompt)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(handler=lambda args: run_c2t(args, threads))
+
+    p = commands.add_parser("static-shape", help="Sequoia's optimal static tree (tree_shape=) from the per-rank "
+                                                 "acceptance measured in c2t-data",
+                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--data", required=True, help="c2t-data folder")
+    p.add_argument("--budget", type=int, nargs="+", default=[60], help="node budgets (several: pick by cost)")
+    p.add_argument("--depth", type=int, default=None, help="maximum depth")
+    p.add_argument("--cost", default=None,
+                   help="verification cost curve 'nodes:seconds,...' (+ --draft-seconds per level); with several "
+                        "budgets the shape of most tokens per second is chosen")
+    p.add_argument("--draft-seconds", type=float, default=0.0, help="seconds of one draft forward (per level)")
+    p.set_defaults(handler=run_static_shape)
+
+
+def _prompts(args, tokenizer) -> list:
+    from hf_treespec.assets import sharegpt_prompts
+    from hf_treespec.benchmark.runner import build_prompt
+
+    questions = sharegpt_prompts("train", args.skip + args.num_prompts)[args.skip :]
+    prompts = [build_prompt(tokenizer, q) for q in questions]
+    return [ids for ids in prompts if ids.shape[1] <= args.max_prompt_length]
+
+
+def run_c2t_data(args, threads) -> int:
+    import torch
+
+    from hf_treespec.assets import load_target
+    from hf_treespec.benchmark.runner import load_drafter
+
+    from .c2t import C2TDataConfig, generate_c2t_data, rank_acceptance
+
+    threads(args)
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
+    model, tokenizer = load_target(args.target, dtype=dtype)
+    drafter = load_drafter(args.drafter, model, args.dtype, args.target)
+    config = C2TDataConfig(tree_topk=args.tree_topk, tree_depth=args.tree_depth, max_new_tokens=args.max_new_tokens,
+                           root_every=args.root_every)
+    start = time.perf_counter()
+    prompts = _prompts(args, tokenizer)
+    data = generate_c2t_data(model, drafter, prompts, config, progress=not args.no_progress)
+    data.save_to_disk(args.output)
+    summary = {"output": args.output, "prompts": len(prompts), "nodes": len(data), "positives": int(sum(data["label"])),
+               "rank_acceptance": [round(a, 4) for a in rank_acceptance(data)],
+               "seconds": round(time.perf_counter() - start, 1), "config": vars(config)}
+    (Path(args.output) / "c2t_data.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary))
+    return 0
+
+
+def run_c2t(args, threads) -> int:
+    from datasets import load_from_disk
+
+    from hf_treespec.policies.c2t import C2TClassifier, C2TClassifierConfig
+
+    from .c2t import C2TConfig, C2TTrainer
+
+    threads(args)
+    data = load_from_disk(args.data)
+    prompts = sorted(set(data["prompt"]))
+    held = set(prompts[: int(round(args.eval_fraction * len(prompts)))])
+    train = data.filter(lambda row: row["prompt"] not in held)
+    evaluation = data.filter(lambda row: row["prompt"] in held) if held else None
+    model = C2TClassifier(C2TClassifierConfig(hidden_size=args.hidden_size))
+    training_args = C2TConfig(output_dir=args.output_dir, num_train_epochs=args.epochs, learning_rate=args.lr,
+                              per_device_train_batch_size=args.batch_size, negative_ratio=args.negative_ratio,
+                              seed=args.seed, use_cpu=True, save_strategy="no", logging_steps=50,
+                              disable_tqdm=True)
+    trainer = C2TTrainer(model, training_args, train_dataset=train, eval_dataset=evaluation)
+    start = time.perf_counter()
+    result = trainer.train()
+    trainer.save_model(args.output_dir)
+    summary = {"output_dir": args.output_dir, "train_nodes": len(train), "steps": result.global_step,
+               "train_loss": round(result.training_loss, 4), "seconds": round(time.perf_counter() - start, 1)}
+    if evaluation is not None:
+        summary.update(held_out_metrics(model, evaluation))
+    (Path(args.output_dir) / "training_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary))
+    return 0
+
+
+def held_out_metrics(model, evaluation) -> dict:
+    """Recall of accepted nodes and positive rate (the paper's two selection criteria) at a few thresholds."""
+    import torch
+
+    feats = torch.tensor(evaluation["features"], dtype=torch.float32)
+    labels = torch.tensor(evaluation["label"]).bool()
+    conf = model.eval().confidence(feats)
+    out = {"eval_nodes": len(labels), "eval_positives": int(labels.sum())}
+    for beta in (0.3, 0.5, 0.7, 0.9):
+        kept = conf > beta
+        out[f"beta={beta}"] = {"recall": round(float((kept & labels).sum()) / max(int(labels.sum()), 1), 4),
+                               "positive_rate": round(float(kept.float().mean()), 4)}
+    return out
+
+
+def run_static_shape(args) -> int:
+    from datasets import load_from_disk
+
+    from hf_treespec.policies.static import choose_shape, expected_accepted, sequoia_shape
+
+    from .c2t import rank_acceptance
+
+    acceptance = rank_acceptance(load_from_disk(args.data))
+    if args.cost:
+        points = sorted((int(n), float(s)) for n, s in (item.split(":") for item in args.cost.split(",")))
+
+        def step_seconds(nodes: int, depth: int) -> float:
+            below = [p for p in points if p[0] <= nodes] or points[:1]
+            above = [p for p in points if p[0] >= nodes] or points[-1:]
+            (n0, s0), (n1, s1) = below[-1], above[0]
+            verify = s0 if n1 == n0 else s0 + (s1 - s0) * (nodes - n0) / (n1 - n0)
+            return verify + depth * args.draft_seconds
+
+        shape, info = choose_shape(acceptance, args.budget, step_seconds, args.depth)
+    else:
+        shape = sequoia_shape(acceptance, max(args.budget), args.depth)
+        info = {"nodes": len(shape), "tokens_per_step": 1 + expected_accepted(shape, acceptance)}
+    print(json.dumps({"rank_acceptance": [round(a, 4) for a in acceptance], **info, "tree_shape": shape}))
+    return 0
