@@ -3,7 +3,9 @@
 ``hf_treespec`` never imports this package: the ``hf-treespec`` command finds :func:`add_parser` through the
 ``hf_treespec.cli`` entry-point group. Subcommands::
 
+    hf-treespec train regenerate --num-prompts 1000 --temperature 0,0.8 --output runs/regen/train  # self-distilled
     hf-treespec train prepare  --split train --num-conversations 400 --output runs/data/train   # + TALF trees
+    hf-treespec train prepare  --data-file runs/regen/train --output runs/data/regen            # its answers
     hf-treespec train eagle    --data runs/data/train --output-dir runs/eagle                  # warm-up
     hf-treespec train talf     --data runs/data/train --init runs/eagle --output-dir runs/talf
     hf-treespec train evaluate --data runs/data/dev --drafter runs/talf                        # acceptance per depth
@@ -20,6 +22,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .regenerate import CHUNK_PREFIX as REGEN_CHUNK_PREFIX
+from .regenerate import add_regenerate_parser
+
 #: TALF's tree at preprocessing (salf_talf section 4.1: EAGLE-2 beam, k=4, depth 3)
 TALF_TREE = {"tree_topk": 4, "tree_depth": 3}
 
@@ -30,6 +35,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                                                  "delay selector",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="train_command", required=True, metavar="STEP")
+    add_regenerate_parser(commands)
     _add_prepare(commands)
     for name in ("eagle", "hass", "talf"):
         _add_train(commands, name)
@@ -58,7 +64,8 @@ def _add_prepare(commands) -> None:
     source = p.add_mutually_exclusive_group()
     source.add_argument("--split", default="train", choices=["train", "dev"], help="ShareGPT split (assets)")
     source.add_argument("--data-file", default=None,
-                        help="your own conversations: .json array or .jsonl of ShareGPT records or message lists")
+                        help="your own conversations: .json array or .jsonl of ShareGPT records or message lists, "
+                             "or a `train regenerate` output folder (its token ids are used as they are)")
     p.add_argument("--skip", type=int, default=0, help="skip the first N conversations of the source")
     p.add_argument("--num-conversations", type=int, default=400, help="conversations to use (0 = all)")
     p.add_argument("--output", default=None, help="output folder (default: runs/data/<split>)")
@@ -93,6 +100,11 @@ def _conversations(args):
 
     if args.data_file:
         path = Path(args.data_file)
+        if path.is_dir() or (path.name.startswith(REGEN_CHUNK_PREFIX) and path.suffix == ".jsonl"):
+            # `train regenerate` output: chunk files are validated as they are read
+            from .regenerate import iter_regenerated
+
+            return itertools.islice(iter_regenerated(path), args.skip, None)
         if not path.is_file():
             raise FileNotFoundError(f"--data-file {path} does not exist.")
         text = path.read_text(encoding="utf-8")
