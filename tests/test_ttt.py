@@ -66,6 +66,9 @@ def test_ttt_batch_chains_every_position_and_keeps_the_trees(talf_data):
     for state in stored:
         assert (kept == state).all(-1).any()
     assert int(batch["labels"].ne(-100).sum()) == int(batch["context_mask"].sum() + batch["node_loss_mask"].sum())
+    chain_only = TTTCollator.from_prepared(talf_data, steps=steps, tree_loss=False)(rows)  # --no-tree-loss
+    assert int(chain_only["node_loss_mask"].sum()) == int(batch["node_loss_mask"].sum() - talf["node_loss_mask"].sum())
+    assert "node_label_hidden" in chain_only and chain_only["level_bounds"].shape[0] == steps - 1
 
 
 def test_merged_unroll_equals_each_part_alone(target, talf_data):  # noqa: F811
