@@ -137,16 +137,16 @@ def test_eagle3_ttt_drafter_round_trips_and_decodes_losslessly(tokenizer, tmp_pa
     result = run("evaluate", "--data", str(tmp_path / "dev"), "--drafter", str(tmp_path / "ttt"))
     assert result[str(tmp_path / "ttt")]["roots"] > 0
 
-    target = hf_treespec.enable(deep)
+    enabled = hf_treespec.enable(deep)
     drafter = AutoModel.from_pretrained(tmp_path / "ttt")
     assert type(drafter).__name__ == "TreeSpecDrafterModel"
     assert drafter.config.input_mode == "eagle3" and drafter.config.target_layers == [1, 3, 4]
     assert drafter.config.draft_vocab_size == 48 and not (tmp_path / "ttt" / "delay_selector").exists()
-    drafter = drafter.eval().tie_to_target(target)
+    drafter = drafter.eval().tie_to_target(enabled)
     prompt = torch.randint(0, 64, (1, 10), generator=torch.Generator().manual_seed(4))
-    ref = target.generate(prompt, do_sample=False, max_new_tokens=24)
+    ref = enabled.generate(prompt, do_sample=False, max_new_tokens=24)
     for policy in POLICIES:
         extra = dict(tree_selector=_selector(32)) if policy == "nde" else {}
-        out = target.generate(prompt, do_sample=False, max_new_tokens=24, assistant_model=drafter,
-                              tree_policy=policy, **SMALL_TREES.get(policy, {}), **extra)
+        out = enabled.generate(prompt, do_sample=False, max_new_tokens=24, assistant_model=drafter,
+                               tree_policy=policy, **SMALL_TREES.get(policy, {}), **extra)
         assert torch.equal(out, ref), policy
