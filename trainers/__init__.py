@@ -1,10 +1,11 @@
 """Training for TreeSpec feature drafters (installed as ``hf_treespec.trainers``; inference never imports it).
 
 Pipeline: :func:`prepare_dataset` (target hidden states + TALF target trees, chunked and resumable) ->
-:class:`EAGLETrainer` warm-up -> :class:`HASSTrainer` or :class:`TALFTrainer` -> :func:`acceptance_by_depth`.
+:class:`EAGLETrainer` warm-up -> :class:`HASSTrainer`, :class:`TALFTrainer` or :class:`TTTTrainer` (EAGLE-3's
+training-time test + TALF trees) -> :func:`acceptance_by_depth`. Self-distilled data: ``train regenerate``.
 The NDE delay selector of ``tree_policy="nde"``: :func:`generate_nde_data` -> :class:`NDETrainer`.
 The C2T classifier of ``tree_policy="c2t"``: :func:`generate_c2t_data` -> :class:`C2TTrainer`.
-Command line: ``hf-treespec train {prepare,eagle,hass,talf,evaluate,nde-data,nde}`` (:mod:`.cli`).
+Command line: ``hf-treespec train {regenerate,prepare,eagle,hass,talf,ttt,evaluate,nde-data,nde,c2t-data,c2t,static-shape}`` (:mod:`.cli`).
 """
 
 from .c2t import C2TConfig, C2TDataConfig, C2TTrainer, generate_c2t_data, rank_acceptance
@@ -26,10 +27,12 @@ from .trainer import (
     TALFConfig,
     TALFTrainer,
 )
+from .ttt import TTTCollator, TTTConfig, TTTTrainer, merge_levels
 from .unroll import TreeLevels, unroll
 
 #: objective name -> trainer class (the CLI and ``train_drafter`` look objectives up here)
-TRAINERS: dict[str, type[DrafterTrainer]] = {"eagle": EAGLETrainer, "hass": HASSTrainer, "talf": TALFTrainer}
+TRAINERS: dict[str, type[DrafterTrainer]] = {"eagle": EAGLETrainer, "hass": HASSTrainer, "talf": TALFTrainer,
+                                              "ttt": TTTTrainer}
 
 __all__ = [
     "TRAINERS", "DrafterCollator", "DrafterTrainer", "DrafterTrainingArguments", "EAGLECollator", "EAGLEConfig",
@@ -39,4 +42,5 @@ __all__ = [
     "LatencyModel", "NDECollator", "NDEConfig", "NDEData", "NDEDataConfig", "NDETrainer", "build_selector",
     "generate_nde_data", "load_nde_data", "measure_latency", "throughput_objective",
     "C2TConfig", "C2TDataConfig", "C2TTrainer", "generate_c2t_data", "rank_acceptance",
+    "TTTCollator", "TTTConfig", "TTTTrainer", "merge_levels",
 ]

@@ -20,10 +20,12 @@ SHAREGPT_ROLES: dict[str, str] = {
 }
 
 
-def to_messages(record: Mapping[str, Any] | Sequence[Mapping[str, str]]) -> list[dict[str, str]]:
+def to_messages(record: Mapping[str, Any] | Sequence[Mapping[str, str]],
+                require_answer: bool = True) -> list[dict[str, str]]:
     """A ShareGPT record (``{"conversations": [{"from", "value"}, ...]}``) or a list of ``{"role", "content"}``
     messages -> chat messages. Unknown speakers and blank turns are dropped; so are assistant turns before the first
-    user turn (the template cannot open with them). Returns ``[]`` when no user -> assistant exchange is left."""
+    user turn (the template cannot open with them). Returns ``[]`` when no user -> assistant exchange is left (no user
+    turn, with ``require_answer=False``: prompts for ``train regenerate``)."""
     turns = record.get("conversations", []) if isinstance(record, Mapping) else record
     messages: list[dict[str, str]] = []
     for turn in turns or []:
@@ -36,7 +38,30 @@ def to_messages(record: Mapping[str, Any] | Sequence[Mapping[str, str]]) -> list
         if role == "assistant" and not any(m["role"] == "user" for m in messages):
             continue
         messages.append({"role": role, "content": content})
-    return messages if any(m["role"] == "assistant" for m in messages) else []
+    wanted = "assistant" if require_answer else "user"
+    return messages if any(m["role"] == wanted for m in messages) else []
+
+
+def pretokenized(record: Any, max_length: int | None = None,
+                 vocab_size: int | None = None) -> tuple[list[int], list[int]] | None:
+    """Token ids and assistant mask of a record that carries its own ids (``prompt_ids`` + ``output_ids``, written by
+    ``train regenerate``), or None for a text record. The ids are used as they are: re-tokenizing decoded text need
+    not give back what the target generated, and the drafter should learn exactly that."""
+    if not isinstance(record, Mapping) or "output_ids" not in record:
+        return None
+    prompt, output = record.get("prompt_ids"), record.get("output_ids")
+    for name, value in (("prompt_ids", prompt), ("output_ids", output)):
+        if not isinstance(value, list) or not all(isinstance(i, int) and i >= 0 for i in value):
+            raise ValueError(f"record {record.get('id')!r}: {name} must be a list of token ids, got "
+                             f"{type(value).__name__}.")
+    ids = prompt + output
+    if vocab_size is not None and ids and max(ids) >= vocab_size:
+        raise ValueError(f"record {record.get('id')!r} holds token id {max(ids)} >= the target's vocabulary "
+                         f"({vocab_size}): was it regenerated with another target?")
+    mask = [0] * len(prompt) + [1] * len(output)
+    if max_length is not None:
+        ids, mask = ids[:max_length], mask[:max_length]
+    return ids, mask
 
 
 def tokenize_conversation(

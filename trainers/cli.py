@@ -1,11 +1,14 @@
-"""``hf-treespec train ...``: data extraction, EAGLE / HASS / TALF training and acceptance evaluation.
+"""``hf-treespec train ...``: self-distilled data, extraction, EAGLE / HASS / TALF / TTT training, acceptance.
 
 ``hf_treespec`` never imports this package: the ``hf-treespec`` command finds :func:`add_parser` through the
 ``hf_treespec.cli`` entry-point group. Subcommands::
 
+    hf-treespec train regenerate --num-prompts 1000 --temperature 0,0.8 --output runs/regen/train  # self-distilled
     hf-treespec train prepare  --split train --num-conversations 400 --output runs/data/train   # + TALF trees
+    hf-treespec train prepare  --data-file runs/regen/train --input-mode eagle3 --output runs/data/train-e3
     hf-treespec train eagle    --data runs/data/train --output-dir runs/eagle                  # warm-up
     hf-treespec train talf     --data runs/data/train --init runs/eagle --output-dir runs/talf
+    hf-treespec train ttt      --data runs/data/train-e3 --output-dir runs/ttt   # EAGLE-3 TTT (+ TALF trees)
     hf-treespec train evaluate --data runs/data/dev --drafter runs/talf                        # acceptance per depth
     hf-treespec train nde-data --split train --num-prompts 50 --drafter truncated:6 --temperature 1.0 \
         --output runs/nde/data-t1                                                           # NDE selector data
@@ -23,18 +26,22 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .regenerate import CHUNK_PREFIX as REGEN_CHUNK_PREFIX
+from .regenerate import add_regenerate_parser
+
 #: TALF's tree at preprocessing (salf_talf section 4.1: EAGLE-2 beam, k=4, depth 3)
 TALF_TREE = {"tree_topk": 4, "tree_depth": 3}
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Adds ``train`` and its subcommands to the ``hf-treespec`` parser; each sets ``handler``."""
-    parser = subparsers.add_parser("train", help="train TreeSpec feature drafters (EAGLE, HASS, TALF) and the NDE "
-                                                 "delay selector",
+    parser = subparsers.add_parser("train", help="train TreeSpec feature drafters (EAGLE, HASS, TALF, EAGLE-3 TTT) "
+                                                 "and the NDE delay selector",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="train_command", required=True, metavar="STEP")
+    add_regenerate_parser(commands)
     _add_prepare(commands)
-    for name in ("eagle", "hass", "talf"):
+    for name in ("eagle", "hass", "talf", "ttt"):
         _add_train(commands, name)
     _add_evaluate(commands)
     _add_nde_data(commands)
@@ -64,13 +71,17 @@ def _add_prepare(commands) -> None:
     source = p.add_mutually_exclusive_group()
     source.add_argument("--split", default="train", choices=["train", "dev"], help="ShareGPT split (assets)")
     source.add_argument("--data-file", default=None,
-                        help="your own conversations: .json array or .jsonl of ShareGPT records or message lists")
+                        help="your own conversations: .json array or .jsonl of ShareGPT records or message lists, "
+                             "or a `train regenerate` output folder (its token ids are used as they are)")
     p.add_argument("--skip", type=int, default=0, help="skip the first N conversations of the source")
     p.add_argument("--num-conversations", type=int, default=400, help="conversations to use (0 = all)")
     p.add_argument("--output", default=None, help="output folder (default: runs/data/<split>)")
     p.add_argument("--max-length", type=int, default=2048, help="truncate conversations to this many tokens")
-    p.add_argument("--target-layers", type=_layers, default=[-1],
-                   help="comma list of target layers the drafter reads (-1 = pre-norm last state)")
+    p.add_argument("--target-layers", type=_layers, default=None,
+                   help="comma list of target layers the drafter reads (-1 = pre-norm last state); default: "
+                        "from --input-mode")
+    p.add_argument("--input-mode", default="fc", choices=["fc", "eagle3"],
+                   help="fc: the pre-norm last state (EAGLE-1); eagle3: EAGLE-3's low / mid / high target layers")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"], help="target dtype")
     p.add_argument("--storage-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--chunk-size", type=int, default=32, help="conversations per resumable chunk")
@@ -99,6 +110,11 @@ def _conversations(args):
 
     if args.data_file:
         path = Path(args.data_file)
+        if path.is_dir() or (path.name.startswith(REGEN_CHUNK_PREFIX) and path.suffix == ".jsonl"):
+            # `train regenerate` output: chunk files are validated as they are read
+            from .regenerate import iter_regenerated
+
+            return itertools.islice(iter_regenerated(path), args.skip, None)
         if not path.is_file():
             raise FileNotFoundError(f"--data-file {path} does not exist.")
         text = path.read_text(encoding="utf-8")
@@ -119,18 +135,24 @@ def run_prepare(args: argparse.Namespace) -> int:
 
     from .data import PrepareConfig, load_prepared, prepare_dataset
 
+    from .ttt import resolve_target_layers
+
     _threads(args)
     policy = None if args.tree_policy.lower() == "none" else args.tree_policy
     positions = None if str(args.tree_positions).lower() == "all" else int(args.tree_positions)
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
+    model, tokenizer = load_target(args.target, dtype=dtype)
+    layers = resolve_target_layers(args.input_mode, args.target_layers,
+                                   model.config.get_text_config().num_hidden_layers)
     config = PrepareConfig(
-        target_layers=args.target_layers, max_length=args.max_length, storage_dtype=args.storage_dtype,
+        target_layers=layers, max_length=args.max_length, storage_dtype=args.storage_dtype,
         chunk_size=args.chunk_size, batch_tokens=args.batch_tokens, tree_policy=policy,
         tree_params=_tree_params(policy, args) if policy else {}, tree_positions=positions, seed=args.seed,
         target=args.target,
     )
     output = Path(args.output or f"runs/data/{'custom' if args.data_file else args.split}")
-    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
-    model, tokenizer = load_target(args.target, dtype=dtype)
+    if torch.cuda.is_available():
+        model.to("cuda")  # extraction is a no-grad target pass: minutes on a GPU
     start = time.perf_counter()
     count = args.num_conversations or None
     prepare_dataset(model, tokenizer, _conversations(args), output, config, num_conversations=count,
@@ -152,6 +174,7 @@ OBJECTIVE_DEFAULTS: dict[str, dict[str, Any]] = {
     "eagle": {"learning_rate": 3e-4, "lr_scheduler_type": "cosine", "warmup_steps": 0.05},
     "hass": {"learning_rate": 3e-4, "lr_scheduler_type": "cosine", "warmup_steps": 0.05},
     "talf": {"learning_rate": 3e-4, "lr_scheduler_type": "cosine", "warmup_steps": 0.05, "adam_beta2": 0.95},
+    "ttt": {"learning_rate": 3e-4, "lr_scheduler_type": "cosine", "warmup_steps": 0.05, "adam_beta2": 0.95},
 }
 
 
@@ -165,7 +188,8 @@ def _add_train(commands, name: str) -> None:
     p.add_argument("--init", default=None, help="start from this drafter (e.g. the EAGLE warm-up) instead of new")
     p.add_argument("--draft-vocab-size", type=int, default=8192,
                    help="new drafters: LM-head rows, the most frequent target-argmax tokens of --data")
-    p.add_argument("--input-mode", default="fc", choices=["fc", "eagle3"], help="new drafters: input layout")
+    p.add_argument("--input-mode", default="auto", choices=["auto", "fc", "eagle3"],
+                   help="new drafters: input layout (auto: eagle3 for data with several target layers, else fc)")
     p.add_argument("--num-layers", type=int, default=1, help="new drafters: decoder layers")
     p.add_argument("--epochs", type=float, default=3.0)
     p.add_argument("--max-steps", type=int, default=-1, help="overrides --epochs when > 0")
@@ -183,6 +207,12 @@ def _add_train(commands, name: str) -> None:
     if name in ("eagle", "hass"):
         p.add_argument("--ce-weight", type=float, default=0.1)
         p.add_argument("--feature-weight", type=float, default=1.0)
+    if name == "ttt":
+        p.add_argument("--ttt-steps", type=int, default=7,
+                       help="drafter passes per position on its own features (EAGLE-3's training-time test)")
+        p.add_argument("--step-decay", type=float, default=1.0, help="weight of a depth-d item: decay ** (d - 1)")
+        p.add_argument("--no-tree-loss", dest="tree_loss", action="store_false",
+                       help="ignore the stored TALF target trees (chain unroll only)")
     if name == "hass":
         p.add_argument("--unroll-steps", type=int, default=3)
         p.add_argument("--distill-topk", type=int, default=10)
@@ -220,8 +250,11 @@ def build_drafter(args, target, data):
         return drafter.tie_to_target(target)
     vocab = target.config.get_text_config().vocab_size
     size = min(args.draft_vocab_size, vocab)
+    from .ttt import infer_input_mode
+
+    input_mode = infer_input_mode(args.input_mode, data.config.target_layers)
     config = TreeSpecDrafterConfig.for_target(
-        target.config, target_layers=data.config.target_layers, draft_vocab_size=size, input_mode=args.input_mode,
+        target.config, target_layers=data.config.target_layers, draft_vocab_size=size, input_mode=input_mode,
         num_hidden_layers=args.num_layers, share_target_embeddings=True, share_target_lm_head=True,
     )
     drafter = TreeSpecDrafterModel(config)
@@ -259,7 +292,8 @@ def run_train(args: argparse.Namespace) -> int:
         use_cpu=not torch.cuda.is_available(), logging_steps=args.logging_steps, report_to="none",
         **_checkpoint_options(args, evaluate=eval_data is not None),
     )
-    for name in ("ce_weight", "feature_weight", "unroll_steps", "distill_topk", "distill_weight"):
+    for name in ("ce_weight", "feature_weight", "unroll_steps", "distill_topk", "distill_weight", "ttt_steps",
+                 "step_decay", "tree_loss"):
         if hasattr(args, name):
             options[name] = getattr(args, name)
     training_args = trainer_cls.config_class(**options)
@@ -339,6 +373,10 @@ def run_evaluate(args: argparse.Namespace) -> int:
     results = {}
     for folder in args.drafter:
         drafter = TreeSpecDrafterModel.from_pretrained(folder).tie_to_target(target)
+        if drafter.config.target_layers != data.config.target_layers:
+            raise ValueError(f"{folder} reads target layers {drafter.config.target_layers}, but {args.data} was "
+                             f"prepared with {data.config.target_layers}: prepare the evaluation data with the "
+                             "drafter's --input-mode / --target-layers.")
         start = time.perf_counter()
         results[folder] = acceptance_by_depth(drafter, data, head, args.batch_size, progress=not args.no_progress)
         results[folder]["seconds"] = round(time.perf_counter() - start, 1)

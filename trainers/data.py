@@ -1,6 +1,7 @@
 """Training data for feature drafters: target hidden states (and TALF target trees) extracted once, stored in chunks.
 
-``prepare_dataset`` runs the target (no grad, batched by length) over chat-templated conversations and writes, per
+``prepare_dataset`` runs the target (no grad, batched by length) over chat-templated conversations (or the token ids
+of ``train regenerate`` records, used as they are) and writes, per
 conversation, the token ids, the assistant loss mask and the hidden states the drafter reads (``target_layers``) as a
 ``datasets`` Arrow dataset. Work is split in chunks of ``chunk_size`` conversations, each written to a temporary
 folder and renamed into place when complete: a rerun skips finished chunks, and a crash loses at most one chunk.
@@ -31,7 +32,7 @@ from tqdm.auto import tqdm
 from hf_treespec.features import capture_hidden_states
 from hf_treespec.policies import POLICIES, TreePolicy
 
-from .chat import to_messages, tokenize_conversation
+from .chat import pretokenized, to_messages, tokenize_conversation
 from .target_trees import TreeRoot, grow_target_trees, topk_logprobs
 
 CONFIG_FILE = "prepare_config.json"
@@ -198,16 +199,19 @@ def _write_chunk(model, tokenizer, chunk, folder: Path, config: PrepareConfig, p
     from datasets import Dataset
 
     items = []
+    vocab = model.config.get_text_config().vocab_size
     for index, record in chunk:
-        messages = to_messages(record)
-        if not messages:
-            continue
-        ids, mask = tokenize_conversation(tokenizer, messages, config.max_length)
+        tokens = pretokenized(record, config.max_length, vocab)  # `train regenerate` records keep their ids
+        if tokens is None:
+            messages = to_messages(record)
+            if not messages:
+                continue
+            tokens = tokenize_conversation(tokenizer, messages, config.max_length)
+        ids, mask = tokens
         if len(ids) < 3 or not any(mask[2:]):
             continue
         record_id = str(record.get("id", index)) if isinstance(record, Mapping) else str(index)
         items.append({"index": index, "id": record_id, "input_ids": ids, "loss_mask": mask})
-    vocab = model.config.get_text_config().vocab_size
     counts = torch.zeros(vocab, dtype=torch.long)
     rows: dict[int, dict[str, Any]] = {}
     bar.update(len(chunk) - len(items))  # conversations without an assistant turn to learn from

@@ -284,11 +284,16 @@ class TALFTrainer(DrafterTrainer):
                 continue
             logp = self.target_logp(model, part_labels)
             ce = soft_cross_entropy(logp, part_logits)
-            total = total + ce.sum()
+            weights = self.item_weights(part_depth)
+            total = total + (ce if weights is None else ce * weights).sum()
             items += ce.shape[0]
             self.depth_metrics(metrics, "ce", ce.detach(), part_depth)
             self.depth_metrics(metrics, "top1", top1_agreement(logp, part_logits.detach()), part_depth)
         return _as_loss(total, model), torch.tensor(items), _finalise(metrics)
+
+    def item_weights(self, depth: torch.Tensor) -> torch.Tensor | None:
+        """Per-item loss weights by token depth (None = all 1; the EAGLE-3 training-time test may decay them)."""
+        return None
 
 
 def _add(entry, values: torch.Tensor):

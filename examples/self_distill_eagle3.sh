@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# A self-distilled EAGLE-3 drafter for SmolLM2-135M-Instruct, end to end:
+#   regenerate (the target answers ShareGPT train prompts) -> prepare (EAGLE-3 low/mid/high layers + TALF trees)
+#   -> train ttt (EAGLE-3 training-time test, 7 steps, + TALF tree loss) -> evaluate (ShareGPT dev, MT-bench)
+#   -> ship (Hub layout + model card, keeping the delay selector).
+# Every step resumes: rerun the script after any interruption (finished regenerate / prepare chunks are skipped,
+# training continues from its last checkpoint). On a GPU machine every step runs there; bring back only $RUNS/ship.
+#
+#   GPU:  RUNS=runs PROMPTS=16000 bash examples/self_distill_eagle3.sh          (H100: ~1 h regenerate, see below)
+#   CPU:  RUNS=runs PROMPTS=1000 THREADS=2 bash examples/self_distill_eagle3.sh (days at 2 threads: see BENCHMARKS.md)
+#   STEPS="regenerate prepare" bash examples/self_distill_eagle3.sh             (run only some steps)
+set -euo pipefail
+RUNS=${RUNS:-runs}
+PROMPTS=${PROMPTS:-16000}          # ShareGPT train prompts (16,000 = the whole train split; dev/reserved never read)
+TEMPERATURES=${TEMPERATURES:-0,0.8} # one answer per prompt and temperature: greedy + a sampled variant
+MAX_NEW=${MAX_NEW:-512}
+STEPS=${STEPS:-"regenerate prepare train evaluate ship"}
+HF=${HF:-"python -m hf_treespec.cli"}   # or `hf-treespec` when installed
+if python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+    DTYPE=bf16; BATCH=${BATCH:-128}; BATCH_TOKENS=65536; CHUNK=512; TRAIN_BATCH=16; THREADS_OPT=""
+    PRECISION=bf16
+else
+    # CPUs without avx512_bf16 run bf16 matmuls slowly: fp32 is the fast dtype there
+    if grep -q avx512_bf16 /proc/cpuinfo; then DTYPE=bf16; else DTYPE=fp32; fi
+    BATCH=${BATCH:-8}; BATCH_TOKENS=4096; CHUNK=64; TRAIN_BATCH=4; THREADS_OPT="--threads ${THREADS:-2}"
+    PRECISION=auto
+fi
+run() { case " $STEPS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+
+# 1. self-distilled data: JSONL chunks of token ids (prompt + the target's answer), tokens/s on the progress bar
+if run regenerate; then
+    $HF train regenerate --num-prompts "$PROMPTS" --temperature "$TEMPERATURES" --max-new-tokens "$MAX_NEW" \
+        --max-prompt-tokens 1024 --dtype "$DTYPE" --batch-size "$BATCH" --chunk-size "$CHUNK" $THREADS_OPT \
+        --output "$RUNS/regen/train"
+fi
+
+# 2. features: EAGLE-3's low / mid / high target layers (SmolLM2-135M: layers 1, 14, 26) + the pre-norm last state
+#    for the soft labels, bf16 on disk, and EAGLE-2 target trees (k 4, depth 3) at 32 positions per answer (TALF).
+#    Held-out data: the target's greedy chain (depth 7) at every assistant position of ShareGPT dev.
+if run prepare; then
+    $HF train prepare --data-file "$RUNS/regen/train" --num-conversations 0 --input-mode eagle3 \
+        --max-length 1536 --dtype "$DTYPE" --storage-dtype bfloat16 --chunk-size "$CHUNK" \
+        --batch-tokens "$BATCH_TOKENS" --tree-policy eagle2 --tree-topk 4 --tree-depth 3 --tree-positions 32 \
+        $THREADS_OPT --output "$RUNS/data/regen-e3"
+    $HF train prepare --split dev --num-conversations 200 --input-mode eagle3 --max-length 1536 --dtype "$DTYPE" \
+        --tree-policy chain --tree-depth 7 --tree-positions all $THREADS_OPT --output "$RUNS/data/dev-e3"
+fi
+
+# 3. EAGLE-3 layout + training-time test (7 drafter passes on its own features) + TALF's tree nodes, one unroll;
+#    checkpoints every 500 steps, --resume continues from the last one.
+if run train; then
+    $HF train ttt --data "$RUNS/data/regen-e3" --eval-data "$RUNS/data/dev-e3" --input-mode eagle3 \
+        --ttt-steps 7 --epochs 10 --batch-size "$TRAIN_BATCH" --draft-vocab-size 8192 --precision "$PRECISION" \
+        --save-steps 500 --resume $THREADS_OPT --output-dir "$RUNS/ttt-e3"
+fi
+
+# 4. held-out acceptance per depth (chain tau) and SALF on MT-bench first turns (40 questions, 128 tokens),
+#    greedy and at temperature 1, against plain generate and transformers' assisted generation in the same run.
+if run evaluate; then
+    $HF train evaluate --data "$RUNS/data/dev-e3" --drafter "$RUNS/ttt-e3" $THREADS_OPT \
+        --output "$RUNS/ttt-e3/acceptance.json"
+    for T in 0 1; do
+        $HF bench --drafter "$RUNS/ttt-e3" --methods plain,assisted_drafter,tree:salf --num-questions 40 \
+            --max-new-tokens 128 --temperature "$T" --dtype "$DTYPE" --repeats 3 --out "$RUNS/bench-e3-T$T"
+    done
+    # fp32 greedy identity with plain generate (20/20 expected)
+    $HF bench --drafter "$RUNS/ttt-e3" --methods plain,tree:salf --num-questions 20 --max-new-tokens 128 \
+        --dtype fp32 --repeats 1 --out "$RUNS/bench-e3-identity"
+fi
+
+# 5. ship: weights + config in the Hub layout, the shipped NDE delay selector carried over (retrain it with
+#    `hf-treespec train nde-data/nde` against the new drafter before a release), model card regenerated with
+#    the measured numbers (edit RESULTS below from $RUNS/bench-e3-T*/table.md).
+if run ship; then
+    RUNS="$RUNS" python - <<'EOF'
+import json, os, shutil
+from pathlib import Path
+
+from hf_treespec.assets import shipped_drafter_path
+from hf_treespec.drafters import TreeSpecDrafterModel
+from hf_treespec.model_card import make_card
+
+runs = Path(os.environ["RUNS"])
+out = runs / "ship"
+drafter = TreeSpecDrafterModel.from_pretrained(runs / "ttt-e3")
+drafter.save_pretrained(out)
+shutil.copytree(shipped_drafter_path() / "delay_selector", out / "delay_selector", dirs_exist_ok=True)
+acceptance = json.loads((runs / "ttt-e3" / "acceptance.json").read_text())
+results = {"ShareGPT dev (chain tau)": next(iter(acceptance.values()))}
+card = make_card(drafter.config, base_model="HuggingFaceTB/SmolLM2-135M-Instruct",
+                 data="ShareGPT train prompts answered by the target (hf-treespec train regenerate)",
+                 objective="EAGLE-3 training-time test (7 steps) + TALF tree loss (EAGLE-2 trees, k 4, depth 3)",
+                 draft_vocab_size=drafter.config.draft_vocab_size, results=results,
+                 command="bash examples/self_distill_eagle3.sh")
+card.save(out / "README.md")
+size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) / 2**20
+print(f"{out}: {size:.1f} MB (ship if <= 20 MB: copy into hf_treespec/assets_data/drafters/smollm2-135m-instruct/)")
+EOF
+fi
