@@ -2,6 +2,7 @@
 
 Pipeline: :func:`prepare_dataset` (target hidden states + TALF target trees, chunked and resumable) ->
 :class:`EAGLETrainer` warm-up -> :class:`HASSTrainer` or :class:`TALFTrainer` -> :func:`acceptance_by_depth`.
+GTO fine-tuning on the drafter's own trees: :class:`GTOTrainer` (needs the target online, see :mod:`.gto`).
 The NDE delay selector of ``tree_policy="nde"``: :func:`generate_nde_data` -> :class:`NDETrainer`.
 Command line: ``hf-treespec train {prepare,eagle,hass,talf,evaluate,nde-data,nde}`` (:mod:`.cli`).
 """
@@ -10,6 +11,7 @@ from .chat import to_messages, tokenize_conversation
 from .collators import DrafterCollator, EAGLECollator, HASSCollator, TALFCollator
 from .data import PreparedData, PrepareConfig, load_prepared, prepare_dataset
 from .evaluation import acceptance_by_depth
+from .gto import GTOCollator, GTOConfig, GTOTrainer
 from .losses import TargetHead
 from .nde import NDECollator, NDEConfig, NDETrainer, build_selector, throughput_objective
 from .nde_data import LatencyModel, NDEData, NDEDataConfig, generate_nde_data, load_nde_data, measure_latency
@@ -35,5 +37,6 @@ __all__ = [
     "TALFConfig", "TALFTrainer", "TargetHead", "TargetTree", "TreeLevels", "TreeRoot", "acceptance_by_depth",
     "grow_target_trees", "load_prepared", "prepare_dataset", "to_messages", "tokenize_conversation", "unroll",
     "LatencyModel", "NDECollator", "NDEConfig", "NDEData", "NDEDataConfig", "NDETrainer", "build_selector",
-    "generate_nde_data", "load_nde_data", "measure_latency", "throughput_objective",
+    "generate_nde_data", "load_nde_data", "measure_latency", "throughput_objective", "GTOCollator", "GTOConfig",
+    "GTOTrainer",
 ]
