@@ -357,3 +357,35 @@ def test_gradient_accumulation_matches_the_full_batch(target, data, warm_state, 
     assert (params[0] - _params(start)).abs().max() > 1e-3
     torch.testing.assert_close(params[0], params[1], atol=1e-5, rtol=1e-4)
     assert (params[0] - params[2]).abs().max() > 1e-4  # the GTO term took part in the update
+
+
+def test_cli_trains_and_resumes(target, tokenizer, tmp_path, capsys):
+    import argparse
+    import json
+
+    from hf_treespec.trainers.cli import add_parser
+
+    target.save_pretrained(tmp_path / "target")
+    tokenizer.save_pretrained(tmp_path / "target")
+    make_drafter(target, seed=2).save_pretrained(tmp_path / "init")
+    (tmp_path / "convs.jsonl").write_text("\n".join(json.dumps(r) for r in conversations(4, seed=9)) + "\n")
+    parser = argparse.ArgumentParser(prog="hf-treespec")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+
+    def run(*argv: str) -> dict:
+        args = parser.parse_args(["train", *argv, "--target", str(tmp_path / "target"), "--no-progress"])
+        assert args.handler(args) == 0
+        return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+    run("prepare", "--data-file", str(tmp_path / "convs.jsonl"), "--dtype", "fp32", "--tree-policy", "none",
+        "--output", str(tmp_path / "data"))
+    common = ["gto", "--data", str(tmp_path / "data"), "--init", str(tmp_path / "init"), "--output-dir",
+              str(tmp_path / "gto"), "--batch-size", "2", "--grad-accum", "1", "--save-steps", "1", "--lr", "1e-3",
+              "--warmup", "0", "--num-groups", "2", "--group-size", "3", "--tree-topk", "3", "--tree-budget", "6",
+              "--tree-depth", "3", "--logging-steps", "1"]
+    first = run(*common, "--max-steps", "1")
+    assert first["steps"] == 1 and "reward" in first["last_log"]
+    resumed = run(*common, "--max-steps", "2", "--resume")
+    assert resumed["steps"] == 2 and (tmp_path / "gto" / "checkpoint-2").is_dir()
+    saved = TreeSpecDrafterModel.from_pretrained(tmp_path / "gto")
+    assert not torch.equal(saved.fc.weight, TreeSpecDrafterModel.from_pretrained(tmp_path / "init").fc.weight)

@@ -7,6 +7,7 @@
     hf-treespec train eagle    --data runs/data/train --output-dir runs/eagle                  # warm-up
     hf-treespec train talf     --data runs/data/train --init runs/eagle --output-dir runs/talf
     hf-treespec train evaluate --data runs/data/dev --drafter runs/talf                        # acceptance per depth
+    hf-treespec train gto      --data runs/data/train --output-dir runs/gto     # GTO from the shipped drafter
     hf-treespec train nde-data --split train --num-prompts 50 --drafter truncated:6 --temperature 1.0 \
         --output runs/nde/data-t1                                                           # NDE selector data
     hf-treespec train nde      --data runs/nde/data-t1 --output-dir runs/nde               # -> tree_selector=
@@ -36,6 +37,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     _add_evaluate(commands)
     _add_nde_data(commands)
     _add_nde(commands)
+    from .gto_cli import add_gto_parser  # GTO keeps its parser in its own module
+
+    add_gto_parser(commands)
     return parser
 
 
