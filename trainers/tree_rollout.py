@@ -134,7 +134,7 @@ def _expand(drafter, cache, features, context_len, states, requests, root_values
     for index, tree, nodes in requests:
         per_row[states[index].row].append((index, tree, nodes[nodes != 0]))
     width = max(sum(int(nodes.numel()) for _, _, nodes in items) for items in per_row)
-    answers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    blocks: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # request -> answers of its non-root nodes
     if width:
         tokens = torch.zeros(batch, width, dtype=torch.long)
         positions = torch.zeros(batch, width, dtype=torch.long)
@@ -177,13 +177,16 @@ def _expand(drafter, cache, features, context_len, states, requests, root_values
             offset = 0
             for index, tree, nodes in items:
                 count = int(nodes.numel())
-                for k, node in enumerate(nodes.tolist()):
-                    answers[(index, node)] = (values[row, offset + k], ids[row, offset + k])
+                blocks[index] = (values[row, offset:offset + count], ids[row, offset:offset + count])
                 offset += count
     for index, tree, nodes in requests:
-        rows = [(root_values[index], root_ids[index]) if node == 0 else answers[(index, node)]
-                for node in nodes.tolist()]
-        states[index].source.answers.append((torch.stack([v for v, _ in rows]), torch.stack([t for _, t in rows])))
+        is_root = nodes == 0
+        answer_values = torch.empty(nodes.numel(), root_values.shape[-1])
+        answer_ids = torch.empty(nodes.numel(), root_ids.shape[-1], dtype=torch.long)
+        answer_values[is_root], answer_ids[is_root] = root_values[index], root_ids[index]
+        if index in blocks:
+            answer_values[~is_root], answer_ids[~is_root] = blocks[index]
+        states[index].source.answers.append((answer_values, answer_ids))
     return features
 
 
