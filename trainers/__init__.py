@@ -4,7 +4,7 @@ Pipeline: :func:`prepare_dataset` (target hidden states + TALF target trees, chu
 :class:`EAGLETrainer` warm-up -> :class:`HASSTrainer` or :class:`TALFTrainer` -> :func:`acceptance_by_depth`.
 GTO fine-tuning on the drafter's own trees: :class:`GTOTrainer` (needs the target online, see :mod:`.gto`).
 The NDE delay selector of ``tree_policy="nde"``: :func:`generate_nde_data` -> :class:`NDETrainer`.
-Command line: ``hf-treespec train {prepare,eagle,hass,talf,evaluate,nde-data,nde}`` (:mod:`.cli`).
+Command line: ``hf-treespec train {prepare,eagle,hass,talf,gto,evaluate,nde-data,nde}`` (:mod:`.cli`).
 """
 
 from .chat import to_messages, tokenize_conversation
