@@ -2,10 +2,11 @@
 
 Pipeline: :func:`prepare_dataset` (target hidden states + TALF target trees, chunked and resumable) ->
 :class:`EAGLETrainer` warm-up -> :class:`HASSTrainer`, :class:`TALFTrainer` or :class:`TTTTrainer` (EAGLE-3's
-training-time test + TALF trees) -> :func:`acceptance_by_depth`. Self-distilled data: ``train regenerate``.
+training-time test + TALF trees) -> :func:`acceptance_by_depth`.
+GTO fine-tuning on the drafter's own trees: :class:`GTOTrainer` (needs the target online, see :mod:`.gto`). Self-distilled data: ``train regenerate``.
 The NDE delay selector of ``tree_policy="nde"``: :func:`generate_nde_data` -> :class:`NDETrainer`.
 The C2T classifier of ``tree_policy="c2t"``: :func:`generate_c2t_data` -> :class:`C2TTrainer`.
-Command line: ``hf-treespec train {regenerate,prepare,eagle,hass,talf,ttt,evaluate,nde-data,nde,c2t-data,c2t,static-shape}`` (:mod:`.cli`).
+Command line: ``hf-treespec train {regenerate,prepare,eagle,hass,talf,ttt,evaluate,nde-data,nde,gto,c2t-data,c2t,static-shape}`` (:mod:`.cli`).
 """
 
 from .c2t import C2TConfig, C2TDataConfig, C2TTrainer, generate_c2t_data, rank_acceptance
@@ -13,6 +14,7 @@ from .chat import to_messages, tokenize_conversation
 from .collators import DrafterCollator, EAGLECollator, HASSCollator, TALFCollator
 from .data import PreparedData, PrepareConfig, load_prepared, prepare_dataset
 from .evaluation import acceptance_by_depth
+from .gto import GTOCollator, GTOConfig, GTOTrainer
 from .losses import TargetHead
 from .nde import NDECollator, NDEConfig, NDETrainer, build_selector, throughput_objective
 from .nde_data import LatencyModel, NDEData, NDEDataConfig, generate_nde_data, load_nde_data, measure_latency
@@ -43,4 +45,5 @@ __all__ = [
     "generate_nde_data", "load_nde_data", "measure_latency", "throughput_objective",
     "C2TConfig", "C2TDataConfig", "C2TTrainer", "generate_c2t_data", "rank_acceptance",
     "TTTCollator", "TTTConfig", "TTTTrainer", "merge_levels",
+    "GTOCollator", "GTOConfig", "GTOTrainer",
 ]

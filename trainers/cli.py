@@ -10,6 +10,7 @@
     hf-treespec train talf     --data runs/data/train --init runs/eagle --output-dir runs/talf
     hf-treespec train ttt      --data runs/data/train-e3 --output-dir runs/ttt   # EAGLE-3 TTT (+ TALF trees)
     hf-treespec train evaluate --data runs/data/dev --drafter runs/talf                        # acceptance per depth
+    hf-treespec train gto      --data runs/data/train --output-dir runs/gto     # GTO from the shipped drafter
     hf-treespec train nde-data --split train --num-prompts 50 --drafter truncated:6 --temperature 1.0 \
         --output runs/nde/data-t1                                                           # NDE selector data
     hf-treespec train nde      --data runs/nde/data-t1 --output-dir runs/nde               # -> tree_selector=
@@ -49,6 +50,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     from .c2t_cli import add_c2t_commands  # C2T classifier and Sequoia static shape
 
     add_c2t_commands(commands, _common, _threads)
+
+    from .gto_cli import add_gto_parser  # GTO keeps its parser in its own module
+
+    add_gto_parser(commands)
     return parser
 
 
