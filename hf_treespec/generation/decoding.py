@@ -70,7 +70,7 @@ def check_drafter(target: torch.nn.Module, assistant: torch.nn.Module | None) ->
             "tree_policy needs a drafter: pass assistant_model= (an AutoModelForCausalLM with the same vocabulary, "
             "a TreeSpecDrafterModel, or hf_treespec.drafters.truncated(model, num_layers=k))."
         )
-    drafter = as_drafter(assistant)
+    drafter = as_drafter(assistant, target=target)
     target_vocab = int(target.config.get_text_config().vocab_size)
     if drafter.vocab_size != target_vocab:
         raise ValueError(
@@ -98,7 +98,7 @@ def tree_speculative_decoding(
     assistant_model=None,
     **model_kwargs,
 ):
-    """Tree-speculative replacement of ``_assisted_decoding`` (same inputs, same outputs)."""
+    """The tree-speculative decoding loop (``generate``'s decoding-method inputs and outputs; entry: ``tree_generate``)."""
     t_start = time.perf_counter()
     if input_ids.shape[0] != 1:
         raise ValueError(f"tree speculation supports batch size 1 (got {input_ids.shape[0]}); loop over prompts.")
