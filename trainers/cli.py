@@ -370,7 +370,7 @@ def _add_nde_data(commands) -> None:
     p.add_argument("--root-every", type=int, default=16, help="a root every N generated tokens")
     p.add_argument("--num-samples", type=int, default=8, help="delayed trees per root (drafting-noise average)")
     p.add_argument("--trees-per-forward", type=int, default=4, help="samples merged into one target forward")
-    # trees of at most 3 + 4 x 4 = 19 drafts: on CPU a target forward grows with the tree (DESIGN.md calibration)
+    # trees of at most 3 + 4 x 4 = 19 drafts: on CPU a target forward grows with the tree
     p.add_argument("--paths", type=_ints, default=[1, 2, 4], help="k values")
     p.add_argument("--trunks", type=_ints, default=[0, 1, 2, 3], help="l1 values")
     p.add_argument("--branches", type=_ints, default=[1, 2, 3, 4], help="l2 values")

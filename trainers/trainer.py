@@ -1,4 +1,4 @@
-"""Trainer subclasses for feature drafters: EAGLE (warm-up), HASS and TALF (ALGORITHMS.md section 8).
+"""Trainer subclasses for feature drafters: EAGLE (warm-up), HASS and TALF (docs/algorithms.md section 8).
 
 Only the drafter trains. The target contributes its frozen token embedding and LM head (shared by the drafter through
 ``tie_to_target``) and its final norm + LM head to turn stored hidden states back into soft labels
