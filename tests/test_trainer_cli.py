@@ -76,3 +76,24 @@ def test_subcommand_registration_is_one_decorator():
             subcommand("demo-step")(_add)
     finally:
         SUBCOMMANDS.pop("demo-step")
+
+
+def test_export_eagle3_command_writes_what_from_eagle_reads_back(target, tmp_path, capsys):
+    import json
+
+    import torch
+
+    from hf_treespec.drafters.eagle_io import from_eagle
+    from test_eagle_io import eagle3_drafter
+
+    drafter = eagle3_drafter(target).tie_to_target(target, embeddings=True, lm_head=True)
+    drafter.save_pretrained(tmp_path / "drafter")
+    target.save_pretrained(tmp_path / "target")
+    args = parse("export-eagle3", "--drafter", str(tmp_path / "drafter"), "--target", str(tmp_path / "target"),
+                 "--output", str(tmp_path / "eagle3"))
+    assert args.handler(args) == 0
+    assert json.loads(capsys.readouterr().out)["files"] == ["config.json", "model.safetensors"]
+    back = from_eagle(tmp_path / "eagle3", target_model=target).eval()
+    ids, states = torch.randint(0, 64, (1, 6)), torch.randn(1, 6, 3 * 32)
+    with torch.no_grad():
+        assert torch.allclose(back(ids, states).logits, drafter(ids, states).logits, atol=1e-5)

@@ -549,3 +549,34 @@ def run_nde(args: argparse.Namespace) -> int:
     (Path(args.output_dir) / "training_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary))
     return 0
+
+
+# ------------------------------------------------------------------------------------------------------- export
+@subcommand("export-eagle3")
+def _add_export(commands) -> None:
+    p = commands.add_parser("export-eagle3", help="write a TreeSpecDrafterModel (input_mode eagle3) in the EAGLE-3 "
+                                                  "layout vLLM and SGLang load")
+    p.add_argument("--drafter", required=True, help="TreeSpecDrafterModel folder")
+    p.add_argument("--target", default="smollm2-135m-instruct",
+                   help="its target (asset short name, checkpoint folder or .gguf): a shared LM head is written out")
+    p.add_argument("--output", required=True, help="folder for config.json + model.safetensors")
+    p.set_defaults(handler=run_export)
+
+
+def run_export(args: argparse.Namespace) -> int:
+    import torch
+
+    from transformers import AutoModelForCausalLM
+
+    from hf_treespec.assets import TARGETS, load_target
+    from hf_treespec.drafters import TreeSpecDrafterModel
+    from hf_treespec.drafters.eagle_io import to_eagle3
+
+    if args.target in TARGETS or args.target.lower().endswith(".gguf"):
+        target, _ = load_target(args.target, dtype=torch.float32)
+    else:  # a checkpoint folder or Hub id: only the weights are needed
+        target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32)
+    drafter = TreeSpecDrafterModel.from_pretrained(args.drafter).tie_to_target(target)
+    folder = to_eagle3(drafter, args.output, target_num_layers=target.config.get_text_config().num_hidden_layers)
+    print(json.dumps({"output": str(folder), "files": sorted(p.name for p in folder.iterdir())}))
+    return 0
