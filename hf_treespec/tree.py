@@ -13,7 +13,7 @@ import torch
 
 
 class Regime:
-    """How children are made: decides which verifiers stay lossless (ALGORITHMS.md, "Drafting regimes")."""
+    """How children are made: decides which verifiers stay lossless (docs/algorithms.md, "Drafting regimes")."""
 
     DETERMINISTIC = "deterministic"  # top-k by draft score (EAGLE-2, optimal, SALF, C2T, chain at T=0)
     IID = "iid"  # paths sampled with replacement from q (SpecInfer / SpecTr, delayed expansion)

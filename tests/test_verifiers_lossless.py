@@ -308,7 +308,7 @@ PAIRS = [(regime, name) for regime in Regime.ALL for name in SAMPLING]
 
 @pytest.mark.parametrize("regime,name", PAIRS)
 def test_regime_compatibility(regime, name):
-    """A (regime, verifier) pair is accepted exactly when the verifier is lossless for it (ALGORITHMS.md table)."""
+    """A (regime, verifier) pair is accepted exactly when the verifier is lossless for it (docs/algorithms.md table)."""
     lossless = {
         Regime.DETERMINISTIC: {"nss"},
         Regime.IID: {"nss", "naive", "block", "naivetree", "specinfer", "spectr", "khisti", "traversal"},

@@ -1,4 +1,4 @@
-"""C2T classifier: training data from full EAGLE-2 trees labelled by the target, and `C2TTrainer` (papers/c2t.txt,
+"""C2T classifier: training data from full EAGLE-2 trees labelled by the target, and `C2TTrainer` (the C2T paper,
 Appendix B).
 
 Data. For every prompt the target's greedy trajectory is generated; a root is taken every ``root_every`` tokens.

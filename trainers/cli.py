@@ -17,15 +17,25 @@
     hf-treespec train c2t-data --num-prompts 150 --output runs/c2t/data                  # labelled EAGLE-2 trees
     hf-treespec train c2t      --data runs/c2t/data --output-dir runs/c2t                # -> c2t_classifier=
     hf-treespec train static-shape --data runs/c2t/data --budget 60                      # -> tree_shape=
+
+The options of ``eagle`` / ``hass`` / ``talf`` / ``nde`` are generated from their config dataclasses (every
+``TrainingArguments`` field included), whose defaults are the only ones; every subcommand also takes
+``--config run.yaml`` (option names as keys; flags given on the command line win). A new subcommand is one function
+decorated with ``@subcommand("name")``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+from transformers import HfArgumentParser
 
 from .regenerate import CHUNK_PREFIX as REGEN_CHUNK_PREFIX
 from .regenerate import add_regenerate_parser
@@ -34,27 +44,81 @@ from .regenerate import add_regenerate_parser
 TALF_TREE = {"tree_topk": 4, "tree_depth": 3}
 
 
+#: subcommand name -> function adding it to the ``train`` subparsers (registration order = help order)
+SUBCOMMANDS: dict[str, Callable[[Any], None]] = {}
+
+
+def subcommand(name: str) -> Callable[[Callable[[Any], None]], Callable[[Any], None]]:
+    """Registers ``add(commands)`` as the builder of ``hf-treespec train <name>``: adding a subcommand is one
+    decorated function (with :func:`add_config_command` when its options are config dataclasses)."""
+    def register(add: Callable[[Any], None]) -> Callable[[Any], None]:
+        if name in SUBCOMMANDS:
+            raise ValueError(f"train subcommand {name!r} is registered twice.")
+        SUBCOMMANDS[name] = add
+        return add
+    return register
+
+
+class ConfigParser(HfArgumentParser):
+    """``HfArgumentParser`` (options generated from dataclasses) plus ``--config file.yaml``: the file's values
+    replace the defaults, flags on the command line replace the file's (as TRL's ``TrlParser`` does)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.add_argument("--config", default=None, metavar="FILE.yaml",
+                          help="YAML mapping of option names (as in the dataclasses) to values; flags override it")
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = list(sys.argv[1:] if args is None else args)
+        config = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--config"), None)
+        config = config or next((a.split("=", 1)[1] for a in args if a.startswith("--config=")), None)
+        if config:
+            values = self._yaml_values(config)
+            self.set_defaults(**values)
+            for action in self._actions:  # a required option the file supplies is no longer missing
+                if action.dest in values:
+                    action.required = False
+        return super().parse_known_args(args, namespace)
+
+    def _yaml_values(self, path: str) -> dict[str, Any]:
+        import yaml
+
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"--config {path} does not exist.")
+        values = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        if not isinstance(values, dict):
+            raise ValueError(f"--config {path} must hold a mapping of option names to values.")
+        known = {action.dest for action in self._actions}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"--config {path}: unknown options {unknown}; see --help for the valid names.")
+        return values
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Adds ``train`` and its subcommands to the ``hf-treespec`` parser; each sets ``handler``."""
-    parser = subparsers.add_parser("train", help="train TreeSpec feature drafters (EAGLE, HASS, TALF, EAGLE-3 TTT) "
-                                                 "and the NDE delay selector",
+    """Adds ``train`` and its registered subcommands to the ``hf-treespec`` parser; each sets ``handler``."""
+    parser = subparsers.add_parser("train", help="train TreeSpec feature drafters (EAGLE, HASS, TALF, EAGLE-3 TTT, GTO), the NDE "
+                                                 "delay selector and the C2T classifier",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    commands = parser.add_subparsers(dest="train_command", required=True, metavar="STEP")
-    add_regenerate_parser(commands)
-    _add_prepare(commands)
-    for name in ("eagle", "hass", "talf", "ttt"):
-        _add_train(commands, name)
-    _add_evaluate(commands)
-    _add_nde_data(commands)
-    _add_nde(commands)
-    from .c2t_cli import add_c2t_commands  # C2T classifier and Sequoia static shape
-
-    add_c2t_commands(commands, _common, _threads)
-
-    from .gto_cli import add_gto_parser  # GTO keeps its parser in its own module
-
-    add_gto_parser(commands)
+    commands = parser.add_subparsers(dest="train_command", required=True, metavar="STEP", parser_class=ConfigParser)
+    for add in SUBCOMMANDS.values():
+        add(commands)
     return parser
+
+
+def add_config_command(commands, name: str, dataclass_types: list[type], handler: Callable, help: str,
+                       **cli_defaults: Any) -> ConfigParser:
+    """A subcommand whose options are generated from ``dataclass_types`` (their defaults are the CLI's)."""
+    parser = commands.add_parser(name, dataclass_types=dataclass_types, help=help)
+    parser.set_defaults(handler=handler, **cli_defaults)
+    return parser
+
+
+def config_from_args(config_class: type, args: argparse.Namespace, **overrides: Any):
+    """``config_class`` built from the parsed options that are its fields (plus ``overrides``)."""
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(config_class)
+              if f.init and hasattr(args, f.name)}
+    return config_class(**{**values, **overrides})
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -69,6 +133,7 @@ def _layers(text: str) -> list[int]:
 
 
 # ------------------------------------------------------------------------------------------------------ prepare
+@subcommand("prepare")
 def _add_prepare(commands) -> None:
     p = commands.add_parser("prepare", help="extract target hidden states (and TALF target trees) to disk",
                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -174,55 +239,56 @@ def _disk_mb(path: Path) -> float:
 
 
 # ------------------------------------------------------------------------------------------------------- train
-#: per objective: the defaults its paper trains with (used when the option is not given)
-OBJECTIVE_DEFAULTS: dict[str, dict[str, Any]] = {
-    "eagle": {"learning_rate": 3e-4, "lr_scheduler_type": "cosine", "warmup_steps": 0.05},
-    "hass": {"learning_rate": 3e-4, "lr_scheduler_type": "cosine", "warmup_steps": 0.05},
-    "talf": {"learning_rate": 3e-4, "lr_scheduler_type": "cosine", "warmup_steps": 0.05, "adam_beta2": 0.95},
-    "ttt": {"learning_rate": 3e-4, "lr_scheduler_type": "cosine", "warmup_steps": 0.05, "adam_beta2": 0.95},
-}
+@dataclass
+class DrafterRunArguments:
+    """What ``hf-treespec train eagle|hass|talf|ttt`` needs besides the objective's ``TrainingArguments``."""
+
+    data: str = field(metadata={"help": "folder written by `train prepare`"})
+    eval_data: str | None = field(default=None, metadata={"help": "prepared folder evaluated each epoch"})
+    target: str = field(default="smollm2-135m-instruct",
+                        metadata={"help": "target model: asset short name, checkpoint folder or .gguf file"})
+    init: str | None = field(default=None, metadata={"help": "start from this drafter (e.g. the EAGLE warm-up)"})
+    draft_vocab_size: int = field(default=8192, metadata={
+        "help": "new drafters: LM-head rows, the most frequent target-argmax tokens of --data"})
+    input_mode: str = field(default="auto", metadata={
+        "help": "new drafters: input layout (auto: eagle3 for data with several target layers, else fc)",
+        "choices": ["auto", "fc", "eagle3"]})
+    num_layers: int = field(default=1, metadata={"help": "new drafters: decoder layers"})
+    precision: str = field(default="auto", metadata={
+        "help": "auto: bf16 autocast where supported (CPUs with avx512_bf16, recent GPUs)",
+        "choices": ["auto", "bf16", "fp32"]})
+    resume: str | None = field(default=None, metadata={
+        "help": "resume from a checkpoint folder, or 'last' (the last one in --output-dir)"})
+    threads: int | None = field(default=None, metadata={"help": "torch.set_num_threads (default: torch's)"})
+    no_progress: bool = field(default=False, metadata={"help": "hide progress bars"})
 
 
-def _add_train(commands, name: str) -> None:
-    p = commands.add_parser(name, help=f"train a drafter with the {name.upper()} objective",
-                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    _common(p)
-    p.add_argument("--data", required=True, help="folder written by `train prepare`")
-    p.add_argument("--eval-data", default=None, help="prepared folder evaluated each epoch (eval loss, top-1)")
-    p.add_argument("--output-dir", default=f"runs/{name}", help="checkpoints and the final drafter")
-    p.add_argument("--init", default=None, help="start from this drafter (e.g. the EAGLE warm-up) instead of new")
-    p.add_argument("--draft-vocab-size", type=int, default=8192,
-                   help="new drafters: LM-head rows, the most frequent target-argmax tokens of --data")
-    p.add_argument("--input-mode", default="auto", choices=["auto", "fc", "eagle3"],
-                   help="new drafters: input layout (auto: eagle3 for data with several target layers, else fc)")
-    p.add_argument("--num-layers", type=int, default=1, help="new drafters: decoder layers")
-    p.add_argument("--epochs", type=float, default=3.0)
-    p.add_argument("--max-steps", type=int, default=-1, help="overrides --epochs when > 0")
-    p.add_argument("--lr", type=float, default=None, help=f"default {OBJECTIVE_DEFAULTS[name]['learning_rate']}")
-    p.add_argument("--scheduler", default=None, help="lr schedule (default cosine)")
-    p.add_argument("--warmup", type=float, default=None, help="warm-up steps (int) or ratio (< 1); default 0.05")
-    p.add_argument("--batch-size", type=int, default=4, help="sequences per device and step")
-    p.add_argument("--grad-accum", type=int, default=1)
-    p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--max-grad-norm", type=float, default=0.5)
-    p.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp32"],
-                   help="auto: bf16 autocast where supported (CPUs with avx512_bf16, recent GPUs)")
-    p.add_argument("--logging-steps", type=int, default=10)
-    _add_checkpointing(p)
-    if name in ("eagle", "hass"):
-        p.add_argument("--ce-weight", type=float, default=0.1)
-        p.add_argument("--feature-weight", type=float, default=1.0)
-    if name == "ttt":
-        p.add_argument("--ttt-steps", type=int, default=7,
-                       help="drafter passes per position on its own features (EAGLE-3's training-time test)")
-        p.add_argument("--step-decay", type=float, default=1.0, help="weight of a depth-d item: decay ** (d - 1)")
-        p.add_argument("--no-tree-loss", dest="tree_loss", action="store_false",
-                       help="ignore the stored TALF target trees (chain unroll only)")
-    if name == "hass":
-        p.add_argument("--unroll-steps", type=int, default=3)
-        p.add_argument("--distill-topk", type=int, default=10)
-        p.add_argument("--distill-weight", type=float, default=0.1)
-    p.set_defaults(handler=run_train, objective=name)
+#: short spellings kept for the most used TrainingArguments options
+SHORT_FLAGS = {"--lr": "learning_rate", "--epochs": "num_train_epochs", "--batch-size": "per_device_train_batch_size",
+               "--grad-accum": "gradient_accumulation_steps", "--scheduler": "lr_scheduler_type",
+               "--warmup": "warmup_steps"}
+
+
+def _add_short_flags(parser: argparse.ArgumentParser) -> None:
+    types = {action.dest: action.type for action in parser._actions}
+    for flag, dest in SHORT_FLAGS.items():
+        parser.add_argument(flag, dest=dest, type=types.get(dest), default=argparse.SUPPRESS,
+                            help=f"same as --{dest}")
+
+
+def _trainer_command(name: str) -> Callable[[Any], None]:
+    def add(commands) -> None:
+        from . import TRAINERS
+
+        parser = add_config_command(commands, name, [TRAINERS[name].config_class, DrafterRunArguments], run_train,
+                                    help=f"train a drafter with the {name.upper()} objective", objective=name,
+                                    output_dir=f"runs/{name}")
+        _add_short_flags(parser)
+    return add
+
+
+for _name in ("eagle", "hass", "talf", "ttt"):
+    subcommand(_name)(_trainer_command(_name))
 
 
 def _threads(args) -> None:
@@ -284,24 +350,8 @@ def run_train(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.data} holds no target trees: prepare it with --tree-policy eagle2 for TALF.")
     target, _ = load_target(args.target or data.config.target, dtype=torch.bfloat16)
     drafter = build_drafter(args, target, data)
-    defaults = OBJECTIVE_DEFAULTS[args.objective]
     bf16 = args.precision == "bf16" or (args.precision == "auto" and _bf16_supported())
-    options: dict[str, Any] = dict(
-        output_dir=args.output_dir, num_train_epochs=args.epochs, max_steps=args.max_steps,
-        learning_rate=args.lr if args.lr is not None else defaults["learning_rate"],
-        lr_scheduler_type=args.scheduler or defaults["lr_scheduler_type"],
-        warmup_steps=args.warmup if args.warmup is not None else defaults["warmup_steps"],
-        adam_beta2=defaults.get("adam_beta2", 0.999), weight_decay=args.weight_decay,
-        per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=args.batch_size,
-        gradient_accumulation_steps=args.grad_accum, max_grad_norm=args.max_grad_norm, bf16=bf16,
-        use_cpu=not torch.cuda.is_available(), logging_steps=args.logging_steps, report_to="none",
-        **_checkpoint_options(args, evaluate=eval_data is not None),
-    )
-    for name in ("ce_weight", "feature_weight", "unroll_steps", "distill_topk", "distill_weight", "ttt_steps",
-                 "step_decay", "tree_loss"):
-        if hasattr(args, name):
-            options[name] = getattr(args, name)
-    training_args = trainer_cls.config_class(**options)
+    training_args = config_from_args(trainer_cls.config_class, args, bf16=bf16, **_run_overrides(args, eval_data))
     trainer = trainer_cls(drafter, training_args, target_model=target, train_dataset=data, eval_dataset=eval_data)
     start = time.perf_counter()
     result = trainer.train(resume_from_checkpoint=_resume_from(args))
@@ -316,22 +366,15 @@ def run_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_checkpointing(parser: argparse.ArgumentParser) -> None:
-    """Checkpoint / resume / seed flags every Trainer-backed subcommand takes (read by :func:`_checkpoint_options`)."""
-    parser.add_argument("--save-steps", type=int, default=0, help="checkpoint every N steps (0 = every epoch)")
-    parser.add_argument("--save-total-limit", type=int, default=2)
-    parser.add_argument("--resume", nargs="?", const="last", default=None,
-                        help="resume from a checkpoint folder, or the last one in --output-dir")
-    parser.add_argument("--seed", type=int, default=42)
-
-
-def _checkpoint_options(args: argparse.Namespace, evaluate: bool) -> dict[str, Any]:
-    """The ``TrainingArguments`` that :func:`_add_checkpointing`'s flags, ``--no-progress`` and eval data decide."""
-    return dict(
-        save_strategy="steps" if args.save_steps else "epoch", save_steps=args.save_steps or 500,
-        save_total_limit=args.save_total_limit, eval_strategy="epoch" if evaluate else "no", seed=args.seed,
-        disable_tqdm=args.no_progress, dataloader_num_workers=0,
-    )
+def _run_overrides(args: argparse.Namespace, eval_data) -> dict[str, Any]:
+    """TrainingArguments that follow from run options: evaluate each epoch when there is eval data (unless an
+    eval strategy was chosen), ``--no-progress``."""
+    overrides: dict[str, Any] = {}
+    if eval_data is not None and args.eval_strategy in ("no", None):
+        overrides["eval_strategy"] = "epoch"
+    if args.no_progress:
+        overrides["disable_tqdm"] = True
+    return overrides
 
 
 def _resume_from(args: argparse.Namespace) -> str | None:
@@ -350,6 +393,7 @@ def _last_checkpoint(output_dir: str) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------------- evaluate
+@subcommand("evaluate")
 def _add_evaluate(commands) -> None:
     p = commands.add_parser("evaluate", help="held-out top-1 acceptance per depth (data prepared with --tree-policy "
                                              "chain)", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -396,6 +440,7 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
+@subcommand("nde-data")
 def _add_nde_data(commands) -> None:
     p = commands.add_parser("nde-data", help="offline block-efficiency / step-time estimates per (k, l1, l2) action "
                                              "for the NDE delay selector", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -419,7 +464,7 @@ def _add_nde_data(commands) -> None:
     p.add_argument("--root-every", type=int, default=16, help="a root every N generated tokens")
     p.add_argument("--num-samples", type=int, default=8, help="delayed trees per root (drafting-noise average)")
     p.add_argument("--trees-per-forward", type=int, default=4, help="samples merged into one target forward")
-    # trees of at most 3 + 4 x 4 = 19 drafts: on CPU a target forward grows with the tree (DESIGN.md calibration)
+    # trees of at most 3 + 4 x 4 = 19 drafts: on CPU a target forward grows with the tree
     p.add_argument("--paths", type=_ints, default=[1, 2, 4], help="k values")
     p.add_argument("--trunks", type=_ints, default=[0, 1, 2, 3], help="l1 values")
     p.add_argument("--branches", type=_ints, default=[1, 2, 3, 4], help="l2 values")
@@ -489,31 +534,31 @@ def run_nde_data(args: argparse.Namespace) -> int:
     return 0
 
 
+@dataclass
+class NDERunArguments:
+    """What ``hf-treespec train nde`` needs besides ``NDEConfig``."""
+
+    data: list[str] = field(metadata={"help": "nde-data folder(s) (e.g. one per temperature)"})
+    eval_data: list[str] | None = field(default=None, metadata={"help": "held-out nde-data folder(s)"})
+    shared_dim: int = field(default=64, metadata={"help": "d, projection width of the hidden-state input"})
+    dropout: float = field(default=0.1, metadata={"help": "selector dropout"})
+    no_hidden: bool = field(default=False, metadata={"help": "scalar features only (no target hidden state)"})
+    latency_features: bool = field(default=False, metadata={
+        "help": "also feed the measured draft / target latencies (useful when --data mixes machines)"})
+    resume: str | None = field(default=None, metadata={
+        "help": "resume from a checkpoint folder, or 'last' (the last one in --output-dir)"})
+    threads: int | None = field(default=None, metadata={"help": "torch.set_num_threads (default: torch's)"})
+    no_progress: bool = field(default=False, metadata={"help": "hide progress bars"})
+
+
+@subcommand("nde")
 def _add_nde(commands) -> None:
-    p = commands.add_parser("nde", help="train the NDE delay selector (tree_policy='nde') on nde-data",
-                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
-    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
-    p.add_argument("--data", required=True, action="append", help="nde-data folder (repeatable: e.g. temperatures)")
-    p.add_argument("--eval-data", default=None, action="append", help="held-out nde-data folder (repeatable)")
-    p.add_argument("--output-dir", default="runs/nde", help="checkpoints and the final selector folder")
-    p.add_argument("--epochs", type=float, default=20.0)
-    p.add_argument("--max-steps", type=int, default=-1, help="overrides --epochs when > 0")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--batch-size", type=int, default=64, help="roots per step")
-    p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--penalty-weight", type=float, default=1.0, help="lambda of the regression penalty")
-    p.add_argument("--penalty-fraction", type=float, default=0.1, help="rho: worst share of a minibatch penalised")
-    p.add_argument("--baseline-action", default=None,
-                   help="static baseline k,l1,l2 (default: best static action per sampling setting)")
-    p.add_argument("--shared-dim", type=int, default=64, help="d, projection width of the hidden-state input")
-    p.add_argument("--dropout", type=float, default=0.1)
-    p.add_argument("--no-hidden", action="store_true", help="scalar features only (no target hidden state)")
-    p.add_argument("--latency-features", action="store_true",
-                   help="also feed the measured draft / target latencies (useful when --data mixes machines)")
-    p.add_argument("--logging-steps", type=int, default=20)
-    _add_checkpointing(p)
-    p.set_defaults(handler=run_nde)
+    from .nde import NDEConfig
+
+    parser = add_config_command(commands, "nde", [NDEConfig, NDERunArguments], run_nde,
+                                help="train the NDE delay selector (tree_policy='nde') on nde-data",
+                                output_dir="runs/nde")
+    _add_short_flags(parser)
 
 
 def run_nde(args: argparse.Namespace) -> int:
@@ -525,13 +570,7 @@ def run_nde(args: argparse.Namespace) -> int:
     eval_data = load_nde_data(args.eval_data) if args.eval_data else None
     selector = build_selector(data, shared_dim=args.shared_dim, dropout=args.dropout, use_hidden=not args.no_hidden,
                               latency_features=args.latency_features)
-    training_args = NDEConfig(
-        output_dir=args.output_dir, num_train_epochs=args.epochs, max_steps=args.max_steps, learning_rate=args.lr,
-        per_device_train_batch_size=args.batch_size, weight_decay=args.weight_decay,
-        penalty_weight=args.penalty_weight, penalty_fraction=args.penalty_fraction,
-        baseline_action=args.baseline_action, logging_steps=args.logging_steps, use_cpu=True,
-        **_checkpoint_options(args, evaluate=eval_data is not None),
-    )
+    training_args = config_from_args(NDEConfig, args, **_run_overrides(args, eval_data))
     trainer = NDETrainer(selector, training_args, train_dataset=data, eval_dataset=eval_data)
     start = time.perf_counter()
     result = trainer.train(resume_from_checkpoint=_resume_from(args))
@@ -544,3 +583,53 @@ def run_nde(args: argparse.Namespace) -> int:
     (Path(args.output_dir) / "training_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary))
     return 0
+
+
+# ------------------------------------------------------------------------------------------------------- export
+@subcommand("export-eagle3")
+def _add_export(commands) -> None:
+    p = commands.add_parser("export-eagle3", help="write a TreeSpecDrafterModel (input_mode eagle3) in the EAGLE-3 "
+                                                  "layout vLLM and SGLang load")
+    p.add_argument("--drafter", required=True, help="TreeSpecDrafterModel folder")
+    p.add_argument("--target", default="smollm2-135m-instruct",
+                   help="its target (asset short name, checkpoint folder or .gguf): a shared LM head is written out")
+    p.add_argument("--output", required=True, help="folder for config.json + model.safetensors")
+    p.set_defaults(handler=run_export)
+
+
+def run_export(args: argparse.Namespace) -> int:
+    import torch
+
+    from transformers import AutoModelForCausalLM
+
+    from hf_treespec.assets import TARGETS, load_target
+    from hf_treespec.drafters import TreeSpecDrafterModel
+    from hf_treespec.drafters.eagle_io import to_eagle3
+
+    if args.target in TARGETS or args.target.lower().endswith(".gguf"):
+        target, _ = load_target(args.target, dtype=torch.float32)
+    else:  # a checkpoint folder or Hub id: only the weights are needed
+        target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32)
+    drafter = TreeSpecDrafterModel.from_pretrained(args.drafter).tie_to_target(target)
+    folder = to_eagle3(drafter, args.output, target_num_layers=target.config.get_text_config().num_hidden_layers)
+    print(json.dumps({"output": str(folder), "files": sorted(p.name for p in folder.iterdir())}))
+    return 0
+
+
+@subcommand("regenerate")
+def _add_regenerate(commands) -> None:
+    add_regenerate_parser(commands)  # self-distilled data: the parser lives in .regenerate
+
+
+@subcommand("gto")
+def _add_gto(commands) -> None:
+    from .gto_cli import add_gto_parser  # GTO keeps its parser in its own module
+
+    add_gto_parser(commands)
+
+
+@subcommand("c2t")
+def _add_c2t(commands) -> None:
+    from .c2t_cli import add_c2t_commands  # c2t-data, c2t and static-shape
+
+    add_c2t_commands(commands, _common, _threads)

@@ -1,4 +1,4 @@
-"""GTO -- Group Tree Optimization (Hu et al. 2025; ALGORITHMS.md section 8): train the drafter on the expected
+"""GTO -- Group Tree Optimization (Hu et al. 2025; docs/algorithms.md): train the drafter on the expected
 acceptance length of the trees it drafts with the decoding policy, not on a single greedy path.
 
 Per training micro-batch (rows of prepared data, as for the other drafter trainers):
@@ -44,7 +44,7 @@ from .trainer import DrafterTrainer, DrafterTrainingArguments, _add
 from .tree_rollout import grow_drafter_trees, score_trees
 from .unroll import TreeLevels, unroll
 
-#: smooth-max of the sequences' expected acceptance lengths ``L`` (ALGORITHMS.md: log-sum-exp; max / mean ablations)
+#: smooth-max of the sequences' expected acceptance lengths ``L`` (log-sum-exp; max / mean ablations)
 REWARD_AGGREGATIONS: dict[str, Callable[[torch.Tensor, float], torch.Tensor]] = {
     "logsumexp": lambda lengths, eta: torch.logsumexp(eta * lengths, dim=0) / eta,
     "max": lambda lengths, eta: lengths.max(),

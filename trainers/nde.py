@@ -96,7 +96,10 @@ class NDEConfig(TrainingArguments):
     weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay"})
     remove_unused_columns: bool = field(default=False, metadata={"help": "the collator reads named columns"})
     prediction_loss_only: bool = field(default=True, metadata={"help": "evaluation reports loss and ratios"})
-    report_to: Any = field(default="none", metadata={"help": "experiment trackers"})
+    report_to: None | str | list[str] = field(default="none", metadata={"help": "experiment trackers"})
+    logging_steps: float = field(default=20, metadata={"help": "log every N steps"})
+    save_strategy: str = field(default="epoch", metadata={"help": "when to checkpoint: epoch, steps or no"})
+    save_total_limit: int | None = field(default=2, metadata={"help": "checkpoints kept"})
 
     def __post_init__(self):
         super().__post_init__()

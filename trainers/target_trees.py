@@ -1,6 +1,6 @@
 """Trees built by the *target* at many training positions at once (TALF preprocessing, acceptance evaluation).
 
-TALF (Algorithm 1 of ``papers/salf_talf.txt``) has the target grow a tree at every training position, with the same
+TALF (Algorithm 1 of the SALF & TALF paper) has the target grow a tree at every training position, with the same
 policy a drafter uses at inference (EAGLE-2 beam, k=4, depth 3), and stores the target's next-token distribution at
 every expanded node. Growing the trees one position at a time would cost a target forward per position and depth, so
 the policies of ``hf_treespec.policies`` are run *in lockstep* over all positions instead:

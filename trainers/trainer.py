@@ -1,4 +1,4 @@
-"""Trainer subclasses for feature drafters: EAGLE (warm-up), HASS and TALF (ALGORITHMS.md section 8).
+"""Trainer subclasses for feature drafters: EAGLE (warm-up), HASS and TALF (docs/algorithms.md section 8).
 
 Only the drafter trains. The target contributes its frozen token embedding and LM head (shared by the drafter through
 ``tie_to_target``) and its final norm + LM head to turn stored hidden states back into soft labels
@@ -25,9 +25,24 @@ from .unroll import TreeLevels, UnrollOutput, unroll
 # ------------------------------------------------------------------------------------------------------ configs
 @dataclass
 class DrafterTrainingArguments(TrainingArguments):
-    """``TrainingArguments`` with the settings drafter training needs: the collators read every dataset column, and
-    evaluation reports the loss (and per-depth top-1 agreement) rather than collecting logits."""
+    """``TrainingArguments`` with the defaults drafter training uses (the only place they are written down).
 
+    Optimisation follows the papers (EAGLE-3 / HASS / TALF train with it): peak lr 3e-4, cosine schedule with 5%
+    warm-up, AdamW betas (0.9, 0.95), gradient clipping at 0.5. The collators read every dataset column, and
+    evaluation reports the loss (and per-depth top-1 agreement) rather than collecting logits.
+    """
+
+    learning_rate: float = field(default=3e-4, metadata={"help": "peak learning rate"})
+    lr_scheduler_type: str = field(default="cosine", metadata={"help": "learning-rate schedule"})
+    warmup_steps: float = field(default=0.05, metadata={"help": "warm-up steps (int) or ratio of steps (< 1)"})
+    adam_beta2: float = field(default=0.95, metadata={"help": "AdamW beta2"})
+    max_grad_norm: float = field(default=0.5, metadata={"help": "gradient clipping"})
+    per_device_train_batch_size: int = field(default=4, metadata={"help": "sequences per device and step"})
+    per_device_eval_batch_size: int = field(default=4, metadata={"help": "sequences per device and eval step"})
+    logging_steps: float = field(default=10, metadata={"help": "log every N steps"})
+    save_strategy: str = field(default="epoch", metadata={"help": "when to checkpoint: epoch, steps or no"})
+    save_total_limit: int | None = field(default=2, metadata={"help": "checkpoints kept"})
+    report_to: None | str | list[str] = field(default="none", metadata={"help": "experiment trackers"})
     remove_unused_columns: bool = field(default=False, metadata={"help": "collators need every prepared column"})
     prediction_loss_only: bool = field(default=True, metadata={"help": "evaluation reports losses and metrics"})
 
@@ -51,12 +66,7 @@ class HASSConfig(EAGLEConfig):
 
 @dataclass
 class TALFConfig(DrafterTrainingArguments):
-    """TALF (Appendix D of salf_talf): lr 3e-4, cosine schedule with warm-up, AdamW betas (0.9, 0.95)."""
-
-    learning_rate: float = field(default=3e-4, metadata={"help": "peak learning rate"})
-    lr_scheduler_type: str = field(default="cosine", metadata={"help": "learning-rate schedule"})
-    warmup_steps: float = field(default=0.05, metadata={"help": "warm-up steps (int) or ratio of steps (< 1)"})
-    adam_beta2: float = field(default=0.95, metadata={"help": "AdamW beta2"})
+    """TALF (Appendix D of the SALF & TALF paper): the shared optimisation defaults, no extra loss terms."""
 
 
 # ------------------------------------------------------------------------------------------------------ trainers

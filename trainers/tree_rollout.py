@@ -1,6 +1,6 @@
 """Draft trees a feature drafter grows at many training positions at once, and what the target says of their nodes.
 
-GTO (ALGORITHMS.md section 8) needs, at every sampled position of a training batch, the tree the drafter would draft
+GTO (docs/algorithms.md) needs, at every sampled position of a training batch, the tree the drafter would draft
 there with the inference policy, and the target's probability of every tree node given its path. Both are batched:
 
 - :func:`grow_drafter_trees` runs the inference policies of ``hf_treespec.policies`` *in lockstep* over all positions,
@@ -203,7 +203,7 @@ class NodeAcceptance:
     greedy: torch.Tensor
 
     def at(self, temperature: float) -> torch.Tensor:
-        """The acceptance of ALGORITHMS.md section 8: indicators at temperature 0, probabilities otherwise."""
+        """The acceptance GTO scores: indicators at temperature 0, probabilities otherwise."""
         return self.greedy.float() if temperature == 0 or self.probs is None else self.probs
 
 

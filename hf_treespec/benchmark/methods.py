@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Iterator
 import torch
 
 from ..generation.config import TREE_GENERATION_KWARGS
+from ..generation.entry import tree_generate
 from ..policies import POLICIES
 from ..registry import Registry
 from ..timing import sync
@@ -194,13 +195,8 @@ class TreeMethod(BenchMethod):
         """``value``: the one a group override or sweep would set (a policy may take a kwarg for some values only)."""
         return key == "verifier" or POLICIES.get(self.policy).takes(key, value) or key not in TREE_GENERATION_KWARGS
 
-    def check(self, model, drafter):
-        super().check(model, drafter)
-        if not hasattr(model, "_check_tree_request"):
-            raise ValueError("tree methods need hf_treespec.enable(model) on the target.")
-
     def method_kwargs(self, drafter):
-        return {"assistant_model": drafter, "tree_policy": self.policy}
+        return {"custom_generate": tree_generate, "assistant_model": drafter, "tree_policy": self.policy}
 
     def collect(self, out, prompt_len, seconds):
         return RunOutput(

@@ -43,6 +43,11 @@ class Drafter(ABC):
     def accepts(cls, model: torch.nn.Module) -> bool:
         """Whether this adapter knows how to drive ``model``."""
 
+    @classmethod
+    def attach(cls, model: torch.nn.Module, target: torch.nn.Module) -> None:
+        """Readies ``model`` to draft for ``target`` before the adapter wraps it (called by ``as_drafter`` when the
+        target is known): checks the pair and shares what the drafter takes from the target. Default: nothing."""
+
     @property
     @abstractmethod
     def vocab_size(self) -> int: ...
@@ -84,13 +89,16 @@ class Drafter(ABC):
         return path if path.exists() else None
 
 
-def as_drafter(model: torch.nn.Module) -> Drafter:
-    """Wraps an ``assistant_model`` in the first registered adapter that accepts it."""
+def as_drafter(model: torch.nn.Module, target: torch.nn.Module | None = None) -> Drafter:
+    """Wraps an ``assistant_model`` in the first registered adapter that accepts it; with ``target``, the adapter
+    first attaches the drafter to it (``Drafter.attach``: e.g. a feature drafter is tied to the target's embeddings)."""
     if isinstance(model, Drafter):
         return model
     for name in DRAFTER_ADAPTERS:
         adapter = DRAFTER_ADAPTERS.get(name)
         if adapter.accepts(model):
+            if target is not None:
+                adapter.attach(model, target)
             return adapter(model)
     raise ValueError(
         f"Cannot use a {type(model).__name__} as a tree drafter: pass an AutoModelForCausalLM sharing the target's "

@@ -52,6 +52,30 @@ class FeatureDrafter(Drafter):
     def accepts(cls, model) -> bool:
         return isinstance(model, TreeSpecDrafterModel)
 
+    @classmethod
+    def attach(cls, model: TreeSpecDrafterModel, target) -> None:
+        """Checks that ``model`` was built for ``target`` (vocabulary, hidden size, layers it reads) and ties the
+        target's embeddings / LM head when the checkpoint shares them, so ``assistant_model=drafter`` is enough."""
+        text = target.config.get_text_config()
+        config = model.config
+        problems = []
+        if int(config.vocab_size) != int(text.vocab_size):
+            problems.append(f"vocabulary {config.vocab_size} tokens vs the target's {text.vocab_size}")
+        if int(config.target_hidden_size) != int(text.hidden_size):
+            problems.append(f"target_hidden_size {config.target_hidden_size} vs the target's hidden_size "
+                            f"{text.hidden_size}")
+        num_layers = int(text.num_hidden_layers)
+        outside = [i for i in config.target_layers if not -num_layers <= i < num_layers]
+        if outside:
+            problems.append(f"target_layers {outside} outside the target's {num_layers} layers")
+        if problems:
+            raise ValueError(
+                "this TreeSpecDrafterModel was not built for this target: " + "; ".join(problems) + ". Use the "
+                "drafter trained for this target model (its config records the target's sizes)."
+            )
+        if not model.is_attached:
+            model.tie_to_target(target)
+
     @property
     def vocab_size(self) -> int:
         return int(self.model.config.vocab_size)

@@ -1,14 +1,16 @@
-"""Generation glue: generate kwargs, per-node logits processing and the tree-speculative decoding loop."""
+"""Generation glue: generate kwargs, per-node logits processing, the tree-speculative decoding loop and its entry."""
 
 from .config import TREE_GENERATION_KWARGS, TreeSpecSettings
 from .decoding import TreeSpecGenerateOutput, tree_speculative_decoding
-from .mixin import TreeSpecGenerationMixin, enable
+from .enable import enable, is_enabled
+from .entry import tree_generate
 
 __all__ = [
     "TREE_GENERATION_KWARGS",
     "TreeSpecGenerateOutput",
-    "TreeSpecGenerationMixin",
     "TreeSpecSettings",
     "enable",
+    "is_enabled",
+    "tree_generate",
     "tree_speculative_decoding",
 ]

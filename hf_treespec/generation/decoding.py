@@ -45,10 +45,8 @@ class TreeSpecGenerateOutput(GenerateDecoderOnlyOutput):
     drafted_steps: int | None = None
 
 
-def resolve(generation_config: GenerationConfig, drafter: Drafter | None = None) -> tuple[TreePolicy, Verifier]:
-    """Builds the policy and verifier named in the generation config, refusing pairs that would not be lossless.
-    Kwargs left unset may be filled from what ships with ``drafter`` (``TreePolicy.defaults_from_drafter``)."""
-    settings = TreeSpecSettings.from_generation_config(generation_config)
+def check_no_beams(generation_config: GenerationConfig) -> None:
+    """Refuses beam search: generate would expand the prompt into beams and silently drop them for a decoding method."""
     beams = getattr(generation_config, "num_beams", None) or 1
     if beams > 1:
         raise ValueError(
@@ -56,6 +54,13 @@ def resolve(generation_config: GenerationConfig, drafter: Drafter | None = None)
             "or sampled), and generate would silently drop beam search. Use num_beams=1 with tree_policy, or drop "
             "tree_policy to run beam search."
         )
+
+
+def resolve(generation_config: GenerationConfig, drafter: Drafter | None = None) -> tuple[TreePolicy, Verifier]:
+    """Builds the policy and verifier named in the generation config, refusing pairs that would not be lossless.
+    Kwargs left unset may be filled from what ships with ``drafter`` (``TreePolicy.defaults_from_drafter``)."""
+    settings = TreeSpecSettings.from_generation_config(generation_config)
+    check_no_beams(generation_config)
     policy_cls = POLICIES.get(settings.policy)
     params = {k: v for k, v in settings.policy_params.items() if k in policy_cls.defaults and v is not None}
     if drafter is not None:
@@ -80,7 +85,7 @@ def check_drafter(target: torch.nn.Module, assistant: torch.nn.Module | None) ->
             "tree_policy needs a drafter: pass assistant_model= (an AutoModelForCausalLM with the same vocabulary, "
             "a TreeSpecDrafterModel, or hf_treespec.drafters.truncated(model, num_layers=k))."
         )
-    drafter = as_drafter(assistant)
+    drafter = as_drafter(assistant, target=target)
     target_vocab = int(target.config.get_text_config().vocab_size)
     if drafter.vocab_size != target_vocab:
         raise ValueError(
@@ -103,7 +108,8 @@ def tree_speculative_decoding(
     assistant_model=None,
     **model_kwargs,
 ):
-    """Tree-speculative replacement of ``_assisted_decoding`` (same inputs, same outputs)."""
+    """The tree-speculative decoding loop (``generate``'s decoding-method inputs and outputs; entry: ``tree_generate``)."""
+    check_no_beams(generation_config)  # before the batch check: generate has already expanded the prompt into beams
     if input_ids.shape[0] != 1:
         raise ValueError(f"tree speculation supports batch size 1 (got {input_ids.shape[0]}); loop over prompts.")
     if input_ids.shape[1] == 0:

@@ -1,4 +1,4 @@
-"""Tree policies, registered by name in `POLICIES` (ALGORITHMS.md section 7)."""
+"""Tree policies, registered by name in `POLICIES` (docs/algorithms.md section 7)."""
 
 from .base import POLICIES, DraftSource, TreePolicy
 from ..step_context import StepContext

@@ -1,4 +1,4 @@
-"""Optimal tree search (SpecExec) and SALF: Algorithm 2 of papers/salf_talf.txt.
+"""Optimal tree search (SpecExec) and SALF: Algorithm 2 of the SALF & TALF paper.
 
 A capacity-N queue Q of unexpanded nodes and the output tree G. Each iteration pops the B best nodes of Q into G,
 drops those that cannot stay in G (pr <= min pr of a full G), stops when what is left sums below ``th`` (SALF;

@@ -1,4 +1,4 @@
-"""C2T: EAGLE-2-like layer-by-layer trees pruned *before* verification by a tiny classifier (papers/c2t.txt).
+"""C2T: EAGLE-2-like layer-by-layer trees pruned *before* verification by a tiny classifier (the C2T paper).
 
 Each layer, every frontier node is expanded in one batched draft forward; its ``tree_topk`` most likely children are
 the candidates. A two-layer FFN (hidden 48, ReLU, sigmoid) scores each candidate from three properties of the tree

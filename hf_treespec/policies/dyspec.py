@@ -1,4 +1,4 @@
-"""DySpec: greedy expansion of a sampled tree by estimated acceptance (papers/dyspec.txt, Algorithms 1 and 2).
+"""DySpec: greedy expansion of a sampled tree by estimated acceptance (the DySpec paper, Algorithms 1 and 2).
 
 DySpec keeps a max-heap of *slots*. A slot is "the next draw at node u": its value is the estimated probability
 that verification ever tries it, exp(score(u)) times the draft mass not yet drawn at u. Popping a slot draws a

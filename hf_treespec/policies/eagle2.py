@@ -1,4 +1,4 @@
-"""EAGLE-2 dynamic beam tree (ALGORITHMS.md section 7): top-k beam per depth, final rerank of all candidates."""
+"""EAGLE-2 dynamic beam tree (docs/algorithms.md section 7): top-k beam per depth, final rerank of all candidates."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Verifiers, registered by name in `VERIFIERS` (ALGORITHMS.md sections 1-6)."""
+"""Verifiers, registered by name in `VERIFIERS` (docs/algorithms.md sections 1-6)."""
 
 from .base import VERIFIERS, Verifier, VerifyResult
 from . import (  # noqa: F401  (registration)

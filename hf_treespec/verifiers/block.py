@@ -1,4 +1,4 @@
-"""Block verification (Sun et al. 2024): the optimal verifier for one sampled chain (ALGORITHMS.md section 4)."""
+"""Block verification (Sun et al. 2024): the optimal verifier for one sampled chain (docs/algorithms.md section 4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Chain speculative sampling (Leviathan 2023 / Chen 2023) for a single path sampled from q (ALGORITHMS.md section 1)."""
+"""Chain speculative sampling (Leviathan 2023 / Chen 2023) for a single path sampled from q (docs/algorithms.md section 1)."""
 
 from __future__ import annotations
 

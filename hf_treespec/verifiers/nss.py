@@ -1,6 +1,6 @@
 """NSS (what EAGLE-2/3 do at T>0): at each node sample Y ~ p; descend if Y is a child, else emit Y.
 
-Lossless for any tree because the draft distribution q is never used (ALGORITHMS.md section 2).
+Lossless for any tree because the draft distribution q is never used (docs/algorithms.md section 2).
 """
 
 from __future__ import annotations

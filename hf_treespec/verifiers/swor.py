@@ -1,4 +1,4 @@
-"""Verification of trees whose siblings were sampled without replacement (Sequoia / DySpec, ALGORITHMS.md section 6)."""
+"""Verification of trees whose siblings were sampled without replacement (Sequoia / DySpec, docs/algorithms.md section 6)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Top-down verification of i.i.d. draft trees by an OT solver applied node by node (ALGORITHMS.md section 3).
+"""Top-down verification of i.i.d. draft trees by an OT solver applied node by node (docs/algorithms.md section 3).
 
 At each node an OT ("OTLP") solver couples one token y ~ p(. | node) with the node's draft children (a multiset:
 ``DraftTree.counts`` holds each child's multiplicity). The walk descends into the child whose token is y and stops,

@@ -1,4 +1,4 @@
-"""Traversal verification (Weng et al. 2025): bottom-up over an i.i.d. draft tree (ALGORITHMS.md section 5).
+"""Traversal verification (Weng et al. 2025): bottom-up over an i.i.d. draft tree (docs/algorithms.md section 5).
 
 Each node carries a weight w and its *current* target distribution P (a residual once a child subtree was rejected).
 A node's subtree is processed depth first: child c (token x) gets w_c = min(1, w P(x) / q(x)) and its own fresh p;
@@ -9,7 +9,7 @@ verification.
 Invariant (by induction over depth and over the children, checked exactly by the tests): a node entered with
 (w, P) ends accepted with probability w, then emitting sequences with law P, *whatever the shape of its subtree*,
 as long as that shape is decided by tokens above or beside the node. Children here are i.i.d. draws from q, so q
-stays as it is after a rejection (ALGORITHMS.md's "remove token(v) from q" is the rule for siblings sampled without
+stays as it is after a rejection (docs/algorithms.md's "remove token(v) from q" is the rule for siblings sampled without
 replacement). Equal draws are merged into one child with a multiplicity: the verifier visits the k copies in a
 uniformly random order (the law of the i.i.d. draw order given the multiset); the first copy of a token carries the
 merged subtree. A later copy can never pass (the first copy was either accepted with probability 1 or left
