@@ -1,0 +1,134 @@
+"""Host-side cost per speculative step: process time spent OUTSIDE the target's (and the drafter's) forwards.
+
+On a GPU the forwards run on the device, while everything else in a step (building the tree, masks, verification,
+cache bookkeeping, emitting tokens) runs on the host and, when it syncs, stalls the device. This script measures that
+host share on CPU, where it is easy to isolate: forward hooks on the target and on the drafter record the process
+time of each forward; the rest of ``generate``'s process time is host overhead.
+
+It uses only public API (``hf_treespec.enable``, ``generate`` and ``nn.Module`` forward hooks), so it runs unchanged on
+any version of the package that ships ``hf_treespec.assets.default_drafter`` (from a source checkout, put the checkout
+first on the path: ``PYTHONPATH=. python examples/host_overhead.py ...``):
+
+    python examples/host_overhead.py --policy salf --num-questions 20 --max-new-tokens 128
+    python examples/host_overhead.py --policy eagle2 --num-questions 20 --max-new-tokens 128
+
+Reported per step (one step = one target tree forward; the prefill is excluded from the step count but its forward
+time is subtracted like every other target forward):
+
+* ``outside target``: process time of generate minus the target forwards (drafter forwards included);
+* ``host only``: minus the drafter forwards too (pure bookkeeping: policy, verifier, masks, caches, emit);
+* ``target fwd`` / ``drafter fwd``: the forwards themselves, for scale.
+
+Run it on a quiet machine: process time is less sensitive to other load than wall time, but not immune.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import hf_treespec
+from hf_treespec.assets import default_drafter, load_questions, load_target
+from hf_treespec.benchmark.runner import build_prompt
+
+
+class ForwardTimer:
+    """Sums the process time of a module's forwards (outermost calls only) with pre/post forward hooks."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.seconds = 0.0
+        self.calls = 0
+        self._start: float | None = None
+        self._handles = [module.register_forward_pre_hook(self._enter), module.register_forward_hook(self._exit)]
+
+    def _enter(self, module, args):
+        self._start = time.process_time()
+
+    def _exit(self, module, args, output):
+        self.seconds += time.process_time() - self._start
+        self.calls += 1
+
+    def reset(self) -> None:
+        self.seconds, self.calls = 0.0, 0
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
+def parse_value(text: str):
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--policy", default="salf", help="tree_policy (salf, eagle2, optimal, chain, ...)")
+    parser.add_argument("--num-questions", type=int, default=20)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--warmup", type=int, default=1, help="untimed runs on the first question before measuring")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra generate kwargs, e.g. --set tree_budget=16 (repeatable)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    model, tokenizer = load_target(dtype=torch.float32)
+    model = hf_treespec.enable(model)
+    drafter = default_drafter(model)
+    extra = dict(item.split("=", 1) for item in args.set)
+    kwargs = dict(do_sample=False, max_new_tokens=args.max_new_tokens, assistant_model=drafter,
+                  tree_policy=args.policy, **{k: parse_value(v) for k, v in extra.items()})
+    prompts = [build_prompt(tokenizer, q) for q in load_questions(limit=args.num_questions)]
+
+    target_timer, drafter_timer = ForwardTimer(model), ForwardTimer(drafter)
+    with torch.no_grad():
+        for _ in range(args.warmup):
+            model.generate(prompts[0], attention_mask=torch.ones_like(prompts[0]), **kwargs)
+        per_question = []
+        totals = dict(process=0.0, wall=0.0, target=0.0, drafter=0.0, steps=0, tokens=0)
+        for prompt in prompts:
+            target_timer.reset()
+            drafter_timer.reset()
+            wall0, proc0 = time.perf_counter(), time.process_time()
+            out = model.generate(prompt, attention_mask=torch.ones_like(prompt), **kwargs)
+            process, wall = time.process_time() - proc0, time.perf_counter() - wall0
+            steps = target_timer.calls - 1  # the first target forward is the prefill
+            if steps < 1:
+                continue
+            totals["process"] += process
+            totals["wall"] += wall
+            totals["target"] += target_timer.seconds
+            totals["drafter"] += drafter_timer.seconds
+            totals["steps"] += steps
+            totals["tokens"] += out.shape[1] - prompt.shape[1]
+            per_question.append((process - target_timer.seconds - drafter_timer.seconds) / steps)
+    target_timer.remove()
+    drafter_timer.remove()
+
+    steps = totals["steps"]
+    if not steps:
+        raise SystemExit("no speculative step ran (every answer ended at its first token)")
+    ms = lambda seconds: 1000 * seconds / steps  # noqa: E731
+    print(f"policy={args.policy} questions={len(per_question)} max_new_tokens={args.max_new_tokens} "
+          f"threads={args.threads} settings={extra or '{}'}")
+    print(f"steps={steps} tokens={totals['tokens']} tau={totals['tokens'] / steps:.2f} "
+          f"(tokens per step, the prefill's token included)")
+    print(f"per step (process time, ms): outside target {ms(totals['process'] - totals['target']):.2f} | "
+          f"host only {ms(totals['process'] - totals['target'] - totals['drafter']):.2f} | "
+          f"target fwd {ms(totals['target']):.2f} | drafter fwd {ms(totals['drafter']):.2f} | "
+          f"wall {ms(totals['wall']):.2f}")
+    if len(per_question) > 1:
+        print(f"host only per step across questions (ms): median {1000 * statistics.median(per_question):.2f}, "
+              f"min {1000 * min(per_question):.2f}, max {1000 * max(per_question):.2f}")
+
+
+if __name__ == "__main__":
+    main()
