@@ -169,20 +169,26 @@ def tree_speculative_decoding(
     draft_forwards = 0
 
     def emit(tokens: torch.Tensor, proc_rows: torch.Tensor, raw_rows: torch.Tensor) -> tuple[bool, int]:
-        """Appends tokens one by one, honouring every stopping criterion inside the chunk; (done, count)."""
+        """Appends the chunk, honouring every stopping criterion inside it as if its tokens came one by one (each
+        criterion sees every prefix, as in plain generate); one copy in, one host read of all the verdicts; (done,
+        count)."""
         nonlocal input_ids, scores, raw_logits
-        done = False
-        count = 0
-        for i in range(tokens.numel()):
-            input_ids = torch.cat([input_ids, tokens[i].view(1, 1).to(device)], dim=1)
-            count += 1
-            if scores is not None:
-                scores += (proc_rows[i : i + 1],)
-            if raw_logits is not None:
-                raw_logits += (raw_rows[i : i + 1],)
-            if bool(stopping_criteria(input_ids, scores).any()):
-                done = True
-                break
+        start = input_ids.shape[1]
+        extended = torch.cat([input_ids, tokens.view(1, -1).to(device)], dim=1)
+        step_scores = tuple(proc_rows[i : i + 1] for i in range(tokens.numel())) if scores is not None else None
+        verdicts = [
+            stopping_criteria(extended[:, : start + i + 1], None if scores is None else scores + step_scores[: i + 1])
+            .any().reshape(1)
+            for i in range(tokens.numel())
+        ]
+        stops = torch.cat(verdicts).cpu()
+        done = bool(stops.any())
+        count = int(stops.int().argmax()) + 1 if done else int(tokens.numel())
+        input_ids = extended[:, : start + count]
+        if scores is not None:
+            scores += step_scores[:count]
+        if raw_logits is not None:
+            raw_logits += tuple(raw_rows[i : i + 1] for i in range(count))
         if streamer is not None:
             streamer.put(input_ids[:, -count:].cpu())
         return done, count
@@ -194,12 +200,11 @@ def tree_speculative_decoding(
         t0 = clock.now()
         tree: DraftTree = policy.build(source, context.root_token, context=context)
         t1 = clock.now()
-        nodes = torch.arange(tree.num_nodes, device=device)
-        ids, positions, mask4d = target_kv.inputs_for(tree, nodes, mask_dtype)
+        nodes = torch.arange(tree.num_nodes)  # the tree is host bookkeeping; one copy of the forward's inputs
+        ids, positions, mask4d = target_kv.inputs_for(tree, nodes, mask_dtype, device=device)
         with capture() as states:
             out = model(
-                input_ids=ids.to(device), position_ids=positions.to(device), attention_mask=mask4d.to(device),
-                past_key_values=cache, use_cache=True,
+                input_ids=ids, position_ids=positions, attention_mask=mask4d, past_key_values=cache, use_cache=True,
             )
         target_kv.fed(tree, nodes)
         if "latencies" in needs:
@@ -213,7 +218,7 @@ def tree_speculative_decoding(
         verify_seconds += t2 - t1
         draft_forwards += source.num_forwards
         accepted = result.accepted
-        new_tokens = torch.cat([tree.tokens[accepted[1:]], torch.tensor([result.next_token], device=tree.device)])
+        new_tokens = torch.cat([tree.tokens[accepted[1:]], torch.tensor([result.next_token])])
         tree_sizes.append(tree.num_nodes - 1)
         target_kv.commit(tree, accepted)
         drafter.commit(tree, accepted, drafter_features(states, accepted))

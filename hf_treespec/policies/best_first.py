@@ -26,13 +26,12 @@ class SALFPolicy(TreePolicy):
             raise ValueError(f"salf_threshold must be in [0, 1), got {th}.")
 
     def build(self, source, root_token, *, context, generator=None) -> DraftTree:
-        device = context.device
         capacity = int(self.params["tree_budget"]) + 1  # G holds the root and N draft nodes
         batch, th = int(self.params["salf_batch"]), float(self.params["salf_threshold"])
         max_depth = self.params["tree_depth"]
-        tree = DraftTree.root(root_token, device=device)
-        in_g = torch.ones(1, dtype=torch.bool, device=device)  # popped into G
-        fresh = torch.ones(1, dtype=torch.bool, device=device)  # popped in the latest iteration (first: the root)
+        tree = DraftTree.root(root_token)
+        in_g = torch.ones(1, dtype=torch.bool)  # popped into G
+        fresh = torch.ones(1, dtype=torch.bool)  # popped in the latest iteration (first: the root)
         while True:
             # a full G only admits nodes above its current minimum: the others' children can never enter it
             full = int(in_g.sum()) >= capacity

@@ -23,10 +23,9 @@ class Eagle2Policy(TreePolicy):
     defaults = {"tree_budget": 60, "tree_depth": 7, "tree_topk": 10}
 
     def build(self, source, root_token, *, context, generator=None) -> DraftTree:
-        device = context.device
         k, depth, budget = (int(self.params[p]) for p in ("tree_topk", "tree_depth", "tree_budget"))
-        tree = DraftTree.root(root_token, device=device)
-        frontier = torch.zeros(1, dtype=torch.long, device=device)
+        tree = DraftTree.root(root_token)
+        frontier = torch.zeros(1, dtype=torch.long)
         for _ in range(depth):
             tree, new = add_topk_children(tree, frontier, *topk_children(source, tree, frontier, k))
             if new.numel() == 0:  # the drafter has no proposal here

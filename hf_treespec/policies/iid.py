@@ -23,7 +23,7 @@ def add_iid_children(
 ) -> tuple[DraftTree, torch.Tensor]:
     """Node ``nodes[i]`` draws ``draws[i]`` tokens i.i.d. from ``probs[i]``; equal draws become one child with their
     count. Returns the tree and the new nodes (ordered by parent, then token)."""
-    counts = multinomial_counts(probs, draws, generator)
+    counts = multinomial_counts(probs, draws, generator).cpu()  # the tree's structure lives on the host
     row, token = counts.nonzero(as_tuple=True)
     start = tree.num_nodes
     tree = tree.add_children(nodes[row], token, probs[row, token].log(), counts=counts[row, token])
@@ -70,10 +70,9 @@ class _SampledPathsPolicy(TreePolicy):
         self, source: DraftSource, root_token: int, *, context: StepContext, generator: Randomness = None
     ) -> DraftTree:
         """With do_sample=False the tree is still sampled (greedy verification is lossless for any tree)."""
-        device = context.device
         trunk, paths, branch = self.shape()
-        tree = DraftTree.root(root_token, device=device, regime=self.regime)
-        one = torch.ones(1, dtype=torch.long, device=device)
+        tree = DraftTree.root(root_token, regime=self.regime)
+        one = torch.ones(1, dtype=torch.long)
         tree, tip = grow_iid(tree, source, one - 1, one, trunk, self.do_sample, generator)
         tree, _ = grow_iid(tree, source, tip, one * paths, branch, self.do_sample, generator)
         return tree

@@ -29,6 +29,7 @@ class GreedyVerifier(Verifier):
 
     def verify(self, tree, target_logits, generator=None) -> VerifyResult:
         # max(dim).indices is argmax (first maximum on ties, as documented), about 3x faster over a vocabulary on CPU
-        choice = target_logits.max(dim=-1).indices
+        # then one copy of the [n] choices to the host, where the tree's structure lives
+        choice = target_logits.max(dim=-1).indices.cpu()
         accepted = deepest_matching_path(tree, choice)
         return VerifyResult(accepted=accepted, next_token=int(choice[accepted[-1]]))
