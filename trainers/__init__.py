@@ -12,7 +12,8 @@ from .data import PreparedData, PrepareConfig, load_prepared, prepare_dataset
 from .evaluation import acceptance_by_depth
 from .losses import TargetHead
 from .nde import NDECollator, NDEConfig, NDETrainer, build_selector, throughput_objective
-from .nde_data import LatencyModel, NDEData, NDEDataConfig, generate_nde_data, load_nde_data, measure_latency
+from .latency import LatencyModel, measure_latency
+from .nde_data import NDEData, NDEDataConfig, generate_nde_data, load_nde_data
 from .target_trees import TargetTree, TreeRoot, grow_target_trees
 from .trainer import (
     DrafterTrainer,
