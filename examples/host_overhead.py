@@ -15,8 +15,10 @@ first on the path: ``PYTHONPATH=. python examples/host_overhead.py ...``):
 Reported per step (one step = one target tree forward; the prefill is excluded from the step count but its forward
 time is subtracted like every other target forward):
 
-* ``outside target``: process time of generate minus the target forwards (drafter forwards included);
-* ``host only``: minus the drafter forwards too (pure bookkeeping: policy, verifier, masks, caches, emit);
+* ``outside target``: process time of generate minus the target forwards (drafter compute included);
+* ``host only``: minus the drafter's module calls too (policy, verifier, masks, caches, emit, and the vocabulary-
+  sized tensor ops outside the models: log-softmax of draft rows, argmax / softmax of target rows, which a GPU
+  would run on the device);
 * ``target fwd`` / ``drafter fwd``: the forwards themselves, for scale.
 
 Run it on a quiet machine: process time is less sensitive to other load than wall time, but not immune.
@@ -35,24 +37,41 @@ from hf_treespec.assets import default_drafter, load_questions, load_target
 from hf_treespec.benchmark.runner import build_prompt
 
 
-class ForwardTimer:
-    """Sums the process time of a module's forwards (outermost calls only) with pre/post forward hooks."""
+class ForwardClock:
+    """Process time of module calls, with pre/post forward hooks on EVERY submodule of the target and the drafter.
 
-    def __init__(self, module: torch.nn.Module):
-        self.seconds = 0.0
-        self.calls = 0
-        self._start: float | None = None
-        self._handles = [module.register_forward_pre_hook(self._enter), module.register_forward_hook(self._exit)]
+    Only outermost hooked calls are timed. One that starts at the target's top module is a target forward; any other
+    (the drafter's forward, but also its calls into modules it shares with the target, such as the LM head it
+    applies to its own states, or a feature projection) is drafter compute. What is left of ``generate``'s process
+    time is host work: policy, verifier, masks, caches, logits processing outside the models, emitting tokens.
+    """
+
+    def __init__(self, target: torch.nn.Module, drafter: torch.nn.Module):
+        self.target = target
+        self.seconds = {"target": 0.0, "drafter": 0.0}
+        self.target_calls = 0
+        self._depth = 0
+        self._start = 0.0
+        self._kind = ""
+        modules = {id(m): m for root in (target, drafter) for m in root.modules()}
+        self._handles = [h for m in modules.values()
+                         for h in (m.register_forward_pre_hook(self._enter), m.register_forward_hook(self._exit))]
 
     def _enter(self, module, args):
-        self._start = time.process_time()
+        if self._depth == 0:
+            self._kind = "target" if module is self.target else "drafter"
+            self._start = time.process_time()
+        self._depth += 1
 
     def _exit(self, module, args, output):
-        self.seconds += time.process_time() - self._start
-        self.calls += 1
+        self._depth -= 1
+        if self._depth == 0:
+            self.seconds[self._kind] += time.process_time() - self._start
+            self.target_calls += self._kind == "target"
 
     def reset(self) -> None:
-        self.seconds, self.calls = 0.0, 0
+        self.seconds = {"target": 0.0, "drafter": 0.0}
+        self.target_calls = 0
 
     def remove(self) -> None:
         for handle in self._handles:
@@ -83,35 +102,33 @@ def main() -> None:
     model, tokenizer = load_target(dtype=torch.float32)
     model = hf_treespec.enable(model)
     drafter = default_drafter(model)
-    extra = dict(item.split("=", 1) for item in args.set)
+    extra = {key: parse_value(value) for key, value in (item.split("=", 1) for item in args.set)}
     kwargs = dict(do_sample=False, max_new_tokens=args.max_new_tokens, assistant_model=drafter,
-                  tree_policy=args.policy, **{k: parse_value(v) for k, v in extra.items()})
+                  tree_policy=args.policy, **extra)
     prompts = [build_prompt(tokenizer, q) for q in load_questions(limit=args.num_questions)]
 
-    target_timer, drafter_timer = ForwardTimer(model), ForwardTimer(drafter)
+    clock = ForwardClock(model, drafter)
     with torch.no_grad():
         for _ in range(args.warmup):
             model.generate(prompts[0], attention_mask=torch.ones_like(prompts[0]), **kwargs)
         per_question = []
         totals = dict(process=0.0, wall=0.0, target=0.0, drafter=0.0, steps=0, tokens=0)
         for prompt in prompts:
-            target_timer.reset()
-            drafter_timer.reset()
+            clock.reset()
             wall0, proc0 = time.perf_counter(), time.process_time()
             out = model.generate(prompt, attention_mask=torch.ones_like(prompt), **kwargs)
             process, wall = time.process_time() - proc0, time.perf_counter() - wall0
-            steps = target_timer.calls - 1  # the first target forward is the prefill
+            steps = clock.target_calls - 1  # the first target forward is the prefill
             if steps < 1:
                 continue
             totals["process"] += process
             totals["wall"] += wall
-            totals["target"] += target_timer.seconds
-            totals["drafter"] += drafter_timer.seconds
+            totals["target"] += clock.seconds["target"]
+            totals["drafter"] += clock.seconds["drafter"]
             totals["steps"] += steps
             totals["tokens"] += out.shape[1] - prompt.shape[1]
-            per_question.append((process - target_timer.seconds - drafter_timer.seconds) / steps)
-    target_timer.remove()
-    drafter_timer.remove()
+            per_question.append((process - clock.seconds["target"] - clock.seconds["drafter"]) / steps)
+    clock.remove()
 
     steps = totals["steps"]
     if not steps:
