@@ -139,10 +139,11 @@ def tree_speculative_decoding(
     temperature, top_p = sampling_params(generation_config)
     draft_mean, target_mean = RunningMean(), RunningMean()
 
-    def step_context(states, probs_row: torch.Tensor, row) -> StepContext:
-        """What the next step's policy sees: the target at the root's parent (``row`` of the last forward)."""
+    def step_context(states, probs_row: torch.Tensor, row, root: int) -> StepContext:
+        """What the next step's policy sees: the target at the root's parent (``row`` of the last forward); ``root``
+        is the last committed token, passed from the host copy rather than read back from ``input_ids``."""
         return StepContext(
-            root_token=int(input_ids[0, -1]), device=device, context_length=input_ids.shape[1],
+            root_token=root, device=device, context_length=input_ids.shape[1],
             temperature=temperature, top_p=top_p, target_probs=probs_row.softmax(-1),
             target_hidden=states.parts[-1][0, row] if "target_hidden" in needs else None,
             draft_seconds=draft_mean.value, target_seconds=target_mean.value,
@@ -194,7 +195,7 @@ def tree_speculative_decoding(
         return done, count
 
     finished, _ = emit(first.view(1), processed, logits)
-    context = step_context(states, processed[0], -1)
+    context = step_context(states, processed[0], -1, int(first))
     while not finished:
         source = WarpedDraftSource(drafter, logits_processor, input_ids)
         t0 = clock.now()
@@ -224,7 +225,7 @@ def tree_speculative_decoding(
         drafter.commit(tree, accepted, drafter_features(states, accepted))
         finished, count = emit(new_tokens, processed[accepted], raw[accepted])
         accepted_lengths.append(count)
-        context = step_context(states, processed[accepted[-1]], int(accepted[-1]))
+        context = step_context(states, processed[accepted[-1]], int(accepted[-1]), int(new_tokens[count - 1]))
 
     if streamer is not None:
         streamer.end()
