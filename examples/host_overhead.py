@@ -21,7 +21,9 @@ time is subtracted like every other target forward):
   would run on the device);
 * ``target fwd`` / ``drafter fwd``: the forwards themselves, for scale.
 
-Run it on a quiet machine: process time is less sensitive to other load than wall time, but not immune.
+Run it on a quiet machine: process time is less sensitive to other load than wall time, but not immune. With
+``--device cuda`` it also counts host-device syncs per step (``torch.cuda.set_sync_debug_mode("warn")``); the
+syncs of the prefill and of the final ``synchronize`` are included in the count but not in the step count.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+import warnings
 
 import torch
 
@@ -94,30 +97,42 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs on the first question before measuring")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda; on cuda, host-device syncs are counted too")
+    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="extra generate kwargs, e.g. --set tree_budget=16 (repeatable)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    model, tokenizer = load_target(dtype=torch.float32)
-    model = hf_treespec.enable(model)
+    model, tokenizer = load_target(dtype=torch.float32 if args.dtype == "fp32" else torch.bfloat16)
+    model = hf_treespec.enable(model.to(args.device))
     drafter = default_drafter(model)
+    cuda = torch.device(args.device).type == "cuda"
     extra = {key: parse_value(value) for key, value in (item.split("=", 1) for item in args.set)}
     kwargs = dict(do_sample=False, max_new_tokens=args.max_new_tokens, assistant_model=drafter,
                   tree_policy=args.policy, **extra)
-    prompts = [build_prompt(tokenizer, q) for q in load_questions(limit=args.num_questions)]
+    prompts = [build_prompt(tokenizer, q).to(args.device) for q in load_questions(limit=args.num_questions)]
 
     clock = ForwardClock(model, drafter)
     with torch.no_grad():
         for _ in range(args.warmup):
             model.generate(prompts[0], attention_mask=torch.ones_like(prompts[0]), **kwargs)
         per_question = []
-        totals = dict(process=0.0, wall=0.0, target=0.0, drafter=0.0, steps=0, tokens=0)
+        totals = dict(process=0.0, wall=0.0, target=0.0, drafter=0.0, steps=0, tokens=0, syncs=0)
         for prompt in prompts:
             clock.reset()
-            wall0, proc0 = time.perf_counter(), time.process_time()
-            out = model.generate(prompt, attention_mask=torch.ones_like(prompt), **kwargs)
-            process, wall = time.process_time() - proc0, time.perf_counter() - wall0
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                if cuda:  # every synchronizing CUDA call warns while this is on
+                    torch.cuda.set_sync_debug_mode("warn")
+                wall0, proc0 = time.perf_counter(), time.process_time()
+                out = model.generate(prompt, attention_mask=torch.ones_like(prompt), **kwargs)
+                if cuda:
+                    torch.cuda.synchronize()
+                process, wall = time.process_time() - proc0, time.perf_counter() - wall0
+                if cuda:
+                    torch.cuda.set_sync_debug_mode(0)
+            totals["syncs"] += sum("synchroniz" in str(w.message) for w in caught)
             steps = clock.target_calls - 1  # the first target forward is the prefill
             if steps < 1:
                 continue
@@ -142,6 +157,8 @@ def main() -> None:
           f"host only {ms(totals['process'] - totals['target'] - totals['drafter']):.2f} | "
           f"target fwd {ms(totals['target']):.2f} | drafter fwd {ms(totals['drafter']):.2f} | "
           f"wall {ms(totals['wall']):.2f}")
+    if cuda:
+        print(f"host-device syncs per step (torch.cuda.set_sync_debug_mode): {totals['syncs'] / steps:.1f}")
     if len(per_question) > 1:
         print(f"host only per step across questions (ms): median {1000 * statistics.median(per_question):.2f}, "
               f"min {1000 * min(per_question):.2f}, max {1000 * max(per_question):.2f}")
