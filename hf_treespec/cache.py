@@ -15,6 +15,35 @@ from .attention import float_mask
 from .tree import DraftTree
 
 
+def to_device(device: torch.device, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Host tensors moved to ``device`` in ONE copy: their bytes are packed into one buffer, copied, and viewed back
+    (a tree forward's ids, positions, mask and per-node indices would otherwise be several small copies, each a
+    host-device round trip on a GPU). Tensors already on ``device`` are returned as they are; no copy off the CPU.
+    """
+    device = torch.device(device)
+    if device.type == "cpu" or all(t.device == device for t in tensors):
+        return tensors
+    return unpack(pack(tensors).to(device), tensors)
+
+
+def pack(tensors: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """The host bytes of ``tensors``, widest dtype first (so every slice starts aligned for the dtype viewed on it)."""
+    order = sorted(range(len(tensors)), key=lambda i: -tensors[i].element_size())
+    return torch.cat([tensors[i].detach().cpu().contiguous().reshape(-1).view(torch.uint8) for i in order])
+
+
+def unpack(buffer: torch.Tensor, like: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """Views of a :func:`pack` buffer (wherever it now lives) with the dtypes and shapes of ``like``."""
+    order = sorted(range(len(like)), key=lambda i: -like[i].element_size())
+    out: list[torch.Tensor] = [None] * len(like)  # type: ignore[list-item]
+    offset = 0
+    for i in order:
+        size = like[i].numel() * like[i].element_size()
+        out[i] = buffer[offset : offset + size].view(like[i].dtype).view(like[i].shape)
+        offset += size
+    return tuple(out)
+
+
 def keep_rows(cache: DynamicCache, start: int, rows: torch.Tensor) -> None:
     """Keeps the first ``start`` rows and the rows ``start + rows`` (ascending) of every layer of ``cache``, in place.
 
@@ -68,40 +97,45 @@ class TreeKV:
         return lookup[self._row_uids]
 
     def inputs_for(
-        self, tree: DraftTree, nodes: torch.Tensor, dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``input_ids``, ``position_ids`` ``[1, q]`` and the 4D float mask to feed pending tokens + ``nodes``."""
-        device = tree.device
-        nodes = nodes.to(device)
+        self, tree: DraftTree, nodes: torch.Tensor, dtype: torch.dtype, device: torch.device | None = None,
+        extra: tuple[torch.Tensor, ...] = (),
+    ) -> tuple[torch.Tensor, ...]:
+        """``input_ids``, ``position_ids`` ``[1, q]`` and the 4D float mask to feed pending tokens + ``nodes``, on
+        ``device`` (default: the host), followed by the host tensors ``extra`` moved along in the same single copy.
+        Built on the host from the tree's bookkeeping; the float mask is made on the device from the copied bools."""
+        host = tree.device
+        nodes = nodes.to(host)
         num_pending, num_rows, num_new = int(self.pending.numel()), int(self._row_uids.numel()), int(nodes.numel())
         if num_pending and num_rows:
             raise RuntimeError("pending tokens must be fed before any tree row")
         anc = tree.ancestor_mask()[nodes]
         # columns: committed rows | pending chain | earlier tree rows | new nodes
         c0, c1 = self.committed, self.committed + num_pending
-        visible = torch.zeros(num_pending + num_new, c1 + num_rows + num_new, dtype=torch.bool, device=device)
+        visible = torch.zeros(num_pending + num_new, c1 + num_rows + num_new, dtype=torch.bool, device=host)
         visible[:, :c0] = True
-        visible[:num_pending, c0:c1] = torch.ones(num_pending, num_pending, dtype=torch.bool, device=device).tril()
+        visible[:num_pending, c0:c1] = torch.ones(num_pending, num_pending, dtype=torch.bool, device=host).tril()
         visible[num_pending:, c0:c1] = True
         if num_rows:
-            idx = self._row_index(tree).to(device)
+            idx = self._row_index(tree)
             present = idx >= 0
             visible[num_pending:, c1 : c1 + num_rows] = anc[:, idx.clamp(min=0)] & present
         visible[num_pending:, c1 + num_rows :] = anc[:, nodes]
         root = self.root_position
-        positions = torch.cat([torch.arange(root - num_pending, root, device=device), root + tree.depth[nodes]])
-        ids = torch.cat([self.pending.to(device), tree.tokens[nodes]])
-        return ids[None], positions[None], float_mask(visible, dtype)
+        positions = torch.cat([torch.arange(root - num_pending, root), root + tree.depth[nodes]])
+        ids = torch.cat([self.pending, tree.tokens[nodes]])
+        ids, positions, visible, *extra = to_device(device or host, ids[None], positions[None], visible, *extra)
+        return (ids, positions, float_mask(visible, dtype), *extra)
 
     def fed(self, tree: DraftTree, nodes: torch.Tensor) -> None:
         """Records that pending tokens and ``nodes`` were just appended to the cache."""
         self.committed += int(self.pending.numel())
         self.pending = self.pending[:0]
-        self._row_uids = torch.cat([self._row_uids, tree.uids[nodes].cpu()])
+        self._row_uids = torch.cat([self._row_uids, tree.uids[nodes.cpu()]])
 
     def commit(self, tree: DraftTree, accepted: torch.Tensor) -> None:
         """Keeps the cache rows of the accepted path (root first); its un-fed tail becomes pending."""
-        uids = tree.uids[accepted].cpu()
+        accepted = accepted.cpu()
+        uids = tree.uids[accepted]
         row_of_uid = torch.full((tree.next_uid,), -1, dtype=torch.long)
         row_of_uid[self._row_uids] = torch.arange(self._row_uids.numel())
         rows = row_of_uid[uids]
@@ -111,5 +145,5 @@ class TreeKV:
         if self._row_uids.numel():
             keep_rows(self.cache, self.committed, rows[:num_cached])
         self.committed += num_cached
-        self.pending = torch.cat([self.pending, tree.tokens[accepted[num_cached:]].cpu()])
+        self.pending = torch.cat([self.pending, tree.tokens[accepted[num_cached:]]])
         self._row_uids = self._row_uids[:0]

@@ -3,6 +3,13 @@
 Node 0 is the root: the last committed token, whose KV row is not yet in the target cache. Every other node is a
 draft token whose parent index is smaller than its own, so ``tokens[parents[i]]`` precedes ``tokens[i]``.
 Siblings appear in draft-rank order (best first), which is the order sequential verifiers visit them in.
+
+The structure (tokens, parents, depths, scores, uids, counts and the ancestor mask) is host bookkeeping: it lives on
+the CPU whatever device the models run on, so growing, pruning and walking a tree never waits for an accelerator.
+``add_children`` / ``add_path`` accept device tensors and copy them to the host once per call; only the recorded
+draft distributions (``draft_probs``, ``[m, V]`` rows the verifiers read next to the target's) stay on the device
+they came from. The ancestor mask is extended row by row as nodes are appended (a new node's row is its parent's
+row plus itself), never rebuilt from scratch.
 """
 
 from __future__ import annotations
@@ -53,6 +60,9 @@ class DraftTree:
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.tokens.device.type != "cpu":
+            raise ValueError("DraftTree structure is host bookkeeping: build it on the CPU (DraftTree.root(token)); "
+                             "add_children / add_path accept device tensors and copy them over.")
         if self.uids is None:  # trees written out by hand (tests, tools): identities are the indices
             self.uids = torch.arange(self.tokens.shape[0], device=self.tokens.device)
             self.next_uid = int(self.tokens.shape[0])
@@ -60,16 +70,19 @@ class DraftTree:
     # ----------------------------------------------------------------------------------------------- construction
     @classmethod
     def root(cls, token: int | torch.Tensor, device: torch.device | str = "cpu", regime: str = Regime.DETERMINISTIC):
-        token = torch.as_tensor(token, device=device).reshape(1).long()
-        zeros = torch.zeros(1, dtype=torch.long, device=device)
-        return cls(
+        """A one-node tree. ``device`` is accepted for backward compatibility and ignored: trees live on the host."""
+        token = torch.as_tensor(token).reshape(1).long().cpu()
+        zeros = torch.zeros(1, dtype=torch.long)
+        tree = cls(
             tokens=token,
-            parents=torch.full((1,), -1, dtype=torch.long, device=device),
+            parents=torch.full((1,), -1, dtype=torch.long),
             depth=zeros,
-            scores=torch.zeros(1, dtype=torch.float32, device=device),
+            scores=torch.zeros(1, dtype=torch.float32),
             regime=regime,
             uids=zeros.clone(),
         )
+        tree._cache["anc"] = torch.ones(1, 1, dtype=torch.bool)
+        return tree
 
     def add_children(
         self, parents: torch.Tensor, tokens: torch.Tensor, logprobs: torch.Tensor, counts: torch.Tensor | None = None
@@ -79,6 +92,8 @@ class DraftTree:
         ``counts`` (optional) is each child's multiplicity in its parent's child list (see the class docstring).
         Children of draft probability zero (log-prob -inf) are never drafts and are dropped.
         """
+        parents, tokens, logprobs = parents.cpu(), tokens.cpu(), logprobs.cpu()
+        counts = None if counts is None else counts.cpu()
         finite = torch.isfinite(logprobs)
         if not bool(finite.all()):
             parents, tokens, logprobs = parents[finite], tokens[finite], logprobs[finite]
@@ -88,20 +103,20 @@ class DraftTree:
             new_counts = None
         else:
             old = self.counts if self.counts is not None else torch.ones_like(self.tokens)
-            new = counts.long().to(self.device) if counts is not None else torch.ones_like(parents)
+            new = counts.long() if counts is not None else torch.ones_like(parents)
             new_counts = torch.cat([old, new])
         return self._append(tokens, parents, self.depth[parents] + 1, self.scores[parents] + logprobs.float(), new_counts)
 
     def add_path(self, parent: int, tokens: torch.Tensor, logprobs: torch.Tensor) -> "DraftTree":
         """Returns a new tree with the chain ``tokens`` hung below ``parent`` in one call (``logprobs``: each token's
         own draft log-prob). Equivalent to one ``add_children`` per token, for drafters that propose a whole path."""
+        tokens, logprobs = tokens.cpu(), logprobs.cpu()
         count = int(tokens.numel())
         if count == 0:
             return self
         start = self.num_nodes
-        parents = torch.cat([torch.tensor([parent], device=self.device), torch.arange(start, start + count - 1,
-                                                                                      device=self.device)])
-        steps = torch.arange(1, count + 1, device=self.device)
+        parents = torch.cat([torch.tensor([int(parent)]), torch.arange(start, start + count - 1)])
+        steps = torch.arange(1, count + 1)
         counts = None if self.counts is None else torch.cat([self.counts, torch.ones_like(parents)])
         return self._append(tokens, parents, self.depth[parent] + steps,
                             self.scores[parent] + logprobs.float().cumsum(0), counts)
@@ -110,9 +125,20 @@ class DraftTree:
                 counts: torch.Tensor | None) -> "DraftTree":
         """The new nodes' fields appended (``counts``: the whole new column, or None); fresh uids, no recorded q."""
         count = int(parents.numel())
+        cache = {}
+        anc = self._cache.get("anc")
+        if anc is not None:  # extend the mask: a new node sees its parent's ancestors and itself
+            n, total = self.num_nodes, self.num_nodes + count
+            grown = torch.zeros(total, total, dtype=torch.bool)
+            grown[:n, :n] = anc
+            for lo in _parent_levels(parents, n):  # one batch per run of nodes whose parents already have rows
+                rows = torch.arange(n + lo.start, n + lo.stop)
+                grown[rows] = grown[parents[lo]]
+                grown[rows, rows] = True
+            cache["anc"] = grown
         return replace(
             self,
-            uids=torch.cat([self.uids, torch.arange(self.next_uid, self.next_uid + count, device=self.device)]),
+            uids=torch.cat([self.uids, torch.arange(self.next_uid, self.next_uid + count)]),
             next_uid=self.next_uid + count,
             tokens=torch.cat([self.tokens, tokens.long()]),
             parents=torch.cat([self.parents, parents]),
@@ -120,25 +146,26 @@ class DraftTree:
             scores=torch.cat([self.scores, scores]),
             q_index=None if self.q_index is None else torch.cat([self.q_index, torch.full_like(parents, -1)]),
             counts=counts,
-            _cache={},
+            _cache=cache,
         )
 
     def record_draft_probs(self, nodes: torch.Tensor, probs: torch.Tensor) -> "DraftTree":
         """Returns a new tree that remembers q(. | node) for ``nodes`` (rows of ``probs``)."""
         q_index = self.q_index if self.q_index is not None else torch.full_like(self.tokens, -1)
         start = 0 if self.draft_probs is None else self.draft_probs.shape[0]
-        table = probs if self.draft_probs is None else torch.cat([self.draft_probs, probs])
+        table = probs if self.draft_probs is None else torch.cat([self.draft_probs, probs.to(self.draft_probs.device)])
         q_index = q_index.clone()
-        q_index[nodes.long()] = torch.arange(start, start + nodes.numel(), device=q_index.device)
-        return replace(self, draft_probs=table, q_index=q_index, _cache={})
+        q_index[nodes.long().cpu()] = torch.arange(start, start + nodes.numel())
+        return replace(self, draft_probs=table, q_index=q_index, _cache=dict(self._cache))
 
     def select(self, keep: torch.Tensor) -> "DraftTree":
         """Sub-tree with the nodes of the boolean/index ``keep`` (must be closed under parents; root kept first)."""
+        keep = keep.cpu()
         if keep.dtype == torch.bool:
             keep = keep.nonzero().squeeze(-1)
         keep = keep.sort().values
-        remap = torch.full((self.num_nodes,), -1, dtype=torch.long, device=self.tokens.device)
-        remap[keep] = torch.arange(keep.numel(), device=keep.device)
+        remap = torch.full((self.num_nodes,), -1, dtype=torch.long)
+        remap[keep] = torch.arange(keep.numel())
         old_parents = self.parents[keep]
         new_parents = torch.where(old_parents >= 0, remap[old_parents.clamp(min=0)], old_parents)
         if bool((new_parents[1:] < 0).any()) or int(keep[0]) != 0:
@@ -152,7 +179,7 @@ class DraftTree:
             q_index=None if self.q_index is None else self.q_index[keep],
             uids=self.uids[keep],
             counts=None if self.counts is None else self.counts[keep],
-            _cache={},
+            _cache={"anc": self._cache["anc"][keep][:, keep]} if "anc" in self._cache else {},
         )
 
     # ------------------------------------------------------------------------------------------------ properties
@@ -183,7 +210,8 @@ class DraftTree:
 
     # ------------------------------------------------------------------------------------------- derived tensors
     def ancestor_mask(self) -> torch.Tensor:
-        """``[n, n]`` bool, ``[i, j]`` True iff j is i or an ancestor of i. Built by pointer chasing over depth."""
+        """``[n, n]`` bool, ``[i, j]`` True iff j is i or an ancestor of i. Kept up to date as nodes are appended or
+        selected; built by pointer chasing over depth only for trees written out by hand."""
         n = self.num_nodes
         if "anc" not in self._cache and torch.equal(self.depth, torch.arange(n, device=self.device)):
             # node i at depth i: a chain in depth order (node i's parent is node i - 1), so the mask is triangular
@@ -227,3 +255,18 @@ class DraftTree:
         counts = torch.zeros(self.num_nodes, dtype=torch.long, device=self.device)
         counts.index_add_(0, self.parents[1:], torch.ones_like(self.parents[1:]))
         return counts
+
+
+def _parent_levels(parents: torch.Tensor, start: int) -> list[slice]:
+    """Splits appended nodes (new indices ``start + i``, parents ``parents``) into consecutive runs whose parents all
+    precede the run, so each run's mask rows can be copied from rows already written: one run for ``add_children``
+    (parents are existing nodes), one per node for a path from ``add_path``."""
+    runs, lo = [], 0
+    new_parents = (parents >= start).nonzero().squeeze(-1).tolist()
+    for i in new_parents:  # node i's parent is new too: it must sit in an earlier run
+        if int(parents[i]) - start >= lo:
+            runs.append(slice(lo, i))
+            lo = i
+    runs.append(slice(lo, parents.numel()))
+    return [r for r in runs if r.stop > r.start]
+

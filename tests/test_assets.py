@@ -12,6 +12,8 @@ import pytest
 import torch
 
 from hf_treespec import assets
+from hf_treespec.assets import data as assets_data
+from hf_treespec.assets import targets as assets_targets
 from hf_treespec.assets import (
     PackagedFile,
     Question,
@@ -115,16 +117,16 @@ def test_stream_returns_complete_records_and_drops_truncated_tail(tmp_path, ensu
         json.loads(path.read_text(encoding="utf-8"))
     # Tiny chunks force records to straddle chunk boundaries (and split multi-char escapes/unicode).
     for chunk_chars in (1, 7, 64, 1 << 20):
-        assert list(assets._stream_json_array(path, chunk_chars=chunk_chars)) == records
+        assert list(assets_data._stream_json_array(path, chunk_chars=chunk_chars)) == records
 
 
 def test_stream_reads_a_complete_array_and_an_empty_one(tmp_path):
     records = [_record(i) for i in range(3)]
     path = _truncated_array(tmp_path / "full.json", records, cut_tail=False)
-    assert list(assets._stream_json_array(path, chunk_chars=5)) == records
+    assert list(assets_data._stream_json_array(path, chunk_chars=5)) == records
     empty = tmp_path / "empty.json"
     empty.write_text(" [ ] ", encoding="utf-8")
-    assert list(assets._stream_json_array(empty)) == []
+    assert list(assets_data._stream_json_array(empty)) == []
 
 
 def test_stream_raises_on_malformed_json_inside_the_file(tmp_path):
@@ -133,11 +135,11 @@ def test_stream_raises_on_malformed_json_inside_the_file(tmp_path):
     path = tmp_path / "bad.json"
     path.write_text(text.replace('"id": "conv1"', '"id": conv1'), encoding="utf-8")
     with pytest.raises(ValueError, match="malformed JSON in record 1"):
-        list(assets._stream_json_array(path, chunk_chars=16))
+        list(assets_data._stream_json_array(path, chunk_chars=16))
     not_array = tmp_path / "object.json"
     not_array.write_text('{"id": 1}', encoding="utf-8")
     with pytest.raises(ValueError, match="not a JSON array"):
-        list(assets._stream_json_array(not_array))
+        list(assets_data._stream_json_array(not_array))
 
 
 def test_splits_follow_record_index(tmp_path):
@@ -219,7 +221,7 @@ def test_interrupted_conversion_leaves_no_folder(tmp_path, monkeypatch):
     gguf.write_bytes(b"GGUF")
     folder = tmp_path / "cache" / "tiny"
     with pytest.raises(KeyboardInterrupt):
-        assets._convert_gguf(gguf, folder)
+        assets_targets._convert_gguf(gguf, folder)
     assert list((tmp_path / "cache").iterdir()) == []
 
 
@@ -270,7 +272,7 @@ def test_real_mtbench_has_80_two_turn_questions():
 
 @pytest.mark.real_model
 def test_real_sharegpt_complete_records_and_splits():
-    count = sum(1 for _ in assets._stream_json_array(assets.SHAREGPT.locate()))
+    count = sum(1 for _ in assets_data._stream_json_array(assets.SHAREGPT.locate()))
     assert count == assets.SHAREGPT_EXPECTED_RECORDS == 17_671
     dev = list(iter_sharegpt("dev"))
     assert len(dev) == 1_000

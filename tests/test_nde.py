@@ -34,7 +34,8 @@ from hf_treespec.trainers import (
     load_nde_data,
     throughput_objective,
 )
-from hf_treespec.trainers.nde_data import action_stats, sample_trees, trie_tables
+from hf_treespec.trainers.nde_stats import action_stats
+from hf_treespec.trainers.nde_trie import sample_trees, trie_tables
 from hf_treespec.verifiers import VERIFIERS
 
 VOCAB = 64  # conftest's tiny Llama
@@ -328,7 +329,7 @@ def test_slot_draws_follow_q():
     """The fast inverse-CDF draw: each slot is an independent draw from its row; zero-probability tokens never come."""
     from scipy.stats import chi2
 
-    from hf_treespec.trainers.nde_data import _draw
+    from hf_treespec.trainers.nde_trie import _draw
 
     probs = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.0, 0.0, 1.0, 0.0]])
     n = 20000

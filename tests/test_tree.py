@@ -117,3 +117,35 @@ def test_vectorised_structure_matches_a_brute_force_walk(seed):
         if int(tree.depth[orphan]) > 1:
             with pytest.raises(ValueError, match="parent"):
                 tree.select(torch.tensor([0, orphan]))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_incremental_mask_equals_a_rebuild(seed):
+    """The mask grown with each append / select equals the one rebuilt from parents for the same structure."""
+    gen = torch.Generator().manual_seed(100 + seed)
+    tree, _ = random_tree(gen, 30)
+    keep = torch.zeros(tree.num_nodes, dtype=torch.bool)
+    keep[0] = True
+    for node in range(1, tree.num_nodes):  # a random set closed under parents
+        keep[node] = bool(keep[tree.parents[node]]) and bool(torch.rand(1, generator=gen) < 0.8)
+    tree = tree.select(keep)
+    by_hand = DraftTree(tokens=tree.tokens.clone(), parents=tree.parents.clone(), depth=tree.depth.clone(),
+                        scores=tree.scores.clone())
+    assert "anc" in tree._cache and "anc" not in by_hand._cache
+    assert torch.equal(tree.ancestor_mask(), by_hand.ancestor_mask())
+
+
+def test_trees_live_on_the_host():
+    with pytest.raises(ValueError, match="host bookkeeping"):
+        DraftTree(tokens=torch.zeros(1, dtype=torch.long, device="meta"), parents=torch.full((1,), -1),
+                  depth=torch.zeros(1, dtype=torch.long), scores=torch.zeros(1))
+
+
+def test_packed_copy_round_trips_mixed_dtypes():
+    from hf_treespec.cache import pack, unpack
+
+    tensors = (torch.tensor([[True, False, True]]), torch.arange(5)[None], torch.tensor([1.5, -2.0]),
+               torch.tensor([7, 8], dtype=torch.int32), torch.zeros(0, dtype=torch.long))
+    back = unpack(pack(tensors).clone(), tensors)
+    for a, b in zip(tensors, back):
+        assert a.dtype == b.dtype and torch.equal(a, b)

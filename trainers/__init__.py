@@ -17,7 +17,8 @@ from .evaluation import acceptance_by_depth
 from .gto import GTOCollator, GTOConfig, GTOTrainer
 from .losses import TargetHead
 from .nde import NDECollator, NDEConfig, NDETrainer, build_selector, throughput_objective
-from .nde_data import LatencyModel, NDEData, NDEDataConfig, generate_nde_data, load_nde_data, measure_latency
+from .latency import LatencyModel, measure_latency
+from .nde_data import NDEData, NDEDataConfig, generate_nde_data, load_nde_data
 from .target_trees import TargetTree, TreeRoot, grow_target_trees
 from .trainer import (
     DrafterTrainer,

@@ -494,7 +494,8 @@ def run_nde_data(args: argparse.Namespace) -> int:
     from hf_treespec.benchmark.runner import load_drafter
     from hf_treespec.drafters import TreeSpecDrafterModel
 
-    from .nde_data import NDEDataConfig, generate_nde_data, load_nde_data, measure_latency
+    from .latency import measure_latency
+    from .nde_data import NDEDataConfig, generate_nde_data, load_nde_data
 
     _threads(args)
     verifier = args.verifier or ("greedy" if args.temperature == 0 else "specinfer")

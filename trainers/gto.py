@@ -287,9 +287,7 @@ class GTOTrainer(DrafterTrainer):
         self.loss_is_scaled_for_ga = windowed
         if windowed and args.average_tokens_across_devices:
             loss = loss * self.accelerator.num_processes  # DDP averages gradients; counts were summed
-        mode = "train" if model.training else "eval"
-        for key, value in terms["metrics"].items():
-            self._metrics[mode][key].append(value)
+        self.record(model, terms["metrics"])
         return (loss, {"loss": loss.detach()}) if return_outputs else loss
 
     # ------------------------------------------------------------------------------------------------- objective

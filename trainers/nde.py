@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 import os
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +35,7 @@ from hf_treespec.policies.nde import (
     DelaySelectorConfig,
 )
 
+from .metrics import MetricsMixin
 from .nde_data import NDEData
 
 
@@ -158,7 +158,7 @@ def build_selector(data: NDEData, shared_dim: int = 64, dropout: float = 0.1, us
 
 
 # ------------------------------------------------------------------------------------------------------- trainer
-class NDETrainer(Trainer):
+class NDETrainer(MetricsMixin, Trainer):
     """Trains a :class:`~hf_treespec.policies.nde.DelaySelector` on :class:`~.nde_data.NDEData`.
 
     On construction it fits the selector's feature standardisation on the training rows (unless already fitted),
@@ -212,16 +212,13 @@ class NDETrainer(Trainer):
             data_collator = NDECollator(scalar_index, list(model.config.hidden_inputs), baselines, fixed)
         super().__init__(model=model, args=args, data_collator=data_collator, train_dataset=train,
                          eval_dataset=evaluation, **kwargs)
-        self._metrics: dict[str, dict[str, list[float]]] = {"train": defaultdict(list), "eval": defaultdict(list)}
 
     def compute_loss(self, model, inputs, return_outputs: bool = False, num_items_in_batch=None):
         hidden = {name: inputs[name] for name in self.accelerator.unwrap_model(model).config.hidden_inputs}
         logits = model(inputs["scalars"], **hidden)
         loss, stats = throughput_objective(logits, inputs["block_efficiency"], inputs["seconds"], inputs["baseline"],
                                            self.args.penalty_weight, self.args.penalty_fraction)
-        mode = "train" if model.training else "eval"
-        for key, values in stats.items():
-            self._metrics[mode][key].append((float(values.sum()), int(values.numel())))
+        self.record(model, {key: (float(values.sum()), int(values.numel())) for key, values in stats.items()})
         return (loss, {"logits": logits.detach()}) if return_outputs else loss
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
@@ -229,16 +226,6 @@ class NDETrainer(Trainer):
         with torch.no_grad():
             loss = self.compute_loss(model, inputs)
         return loss.detach(), None, None
-
-    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        mode = "eval" if any(key.startswith("eval_") for key in logs) else "train"
-        prefix = "eval_" if mode == "eval" else ""
-        for key, values in self._metrics[mode].items():
-            count = sum(c for _, c in values)
-            if count:
-                logs[prefix + key] = round(sum(t for t, _ in values) / count, 4)
-        self._metrics[mode].clear()
-        super().log(logs, start_time)
 
     def _save(self, output_dir: str | None = None, state_dict=None) -> None:
         """Checkpoints and the final output are selector folders (``tree_selector=`` loads them)."""

@@ -6,7 +6,7 @@ is taken every ``root_every`` tokens of the generated text. For every root and e
 - the **block efficiency** of Equation 3: 1 + the expected number of accepted draft tokens of a random (k, l1,
   l2)-delayed tree under the chosen top-down verifier. The inner expectation (verification randomness) is exact: a
   node is reached with the product of the verifier's *branching probabilities* (Definition 5.3) along its path, and
-  those are computed in closed form from p and q at each node (:data:`BRANCHING`). The outer expectation (drafting
+  those are computed in closed form from p and q at each node (``Verifier.branching``). The outer expectation (drafting
   randomness) is the mean over ``num_samples`` delayed trees sampled with the drafter, so the estimate is unbiased
   and only drafting noise remains;
 - the **time** of one step with that action (Equation 11, extended with the tree-size terms that matter on CPUs:
@@ -35,11 +35,8 @@ rerun skips finished chunks), plus ``nde_data.json`` (actions, feature names, ve
 
 from __future__ import annotations
 
-import functools
 import json
 import shutil
-import time
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -53,410 +50,27 @@ from hf_treespec.drafters.base import Drafter, TargetFeatures, as_drafter
 from hf_treespec.features import capture_hidden_states
 from hf_treespec.generation.processors import process_tree_logits
 from hf_treespec.policies.nde import SCALAR_FEATURES, Action, action_space, root_features
-from hf_treespec.randomness import RandomSource, Randomness, categorical
-from hf_treespec.timing import sync
-from hf_treespec.tree import DraftTree, Regime
+from hf_treespec.randomness import Randomness
+from hf_treespec.tree import DraftTree
+from hf_treespec.verifiers import VERIFIERS
+
+from .latency import LatencyModel, measure_latency
+from .nde_stats import ActionStats, action_stats
+from .nde_trie import ProbsFn, sample_trees, trie_tables
 
 META_FILE = "nde_data.json"
 CHUNK_PREFIX = "chunk-"
-#: a draft / target callable: ``(tree, nodes) -> [len(nodes), V]`` warped probabilities
-ProbsFn = Callable[[DraftTree, torch.Tensor], torch.Tensor]
-
-
-# ------------------------------------------------------------------------------------------------ branching
-@dataclass
-class NodeTable:
-    """What the branching probabilities at one expanded node need, restricted to that node's drafted children.
-
-    ``residuals[j][c]``: p_j(x_c), the target after j SpecInfer rejections (p_0 = p, p_j = norm((p_{j-1} - q)+),
-    unchanged when that residual is empty, as in the verifiers); ``draft[c]``: q(x_c); ``argmax``: argmax of p.
-    """
-
-    tokens: list[int]
-    residuals: list[list[float]]
-    draft: list[float]
-    argmax: int
-    column: dict[int, int] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.column = {t: c for c, t in enumerate(self.tokens)}
-
-
-def _specinfer(table: NodeTable, order: list[int]) -> dict[int, float]:
-    """SpecInfer: copy i (in order) is accepted with min(1, p_i(x)/q(x)) after i rejections; else y ~ p_k."""
-    out: dict[int, float] = dict.fromkeys(order, 0.0)
-    left = 1.0
-    for i, c in enumerate(order):
-        accept = min(1.0, table.residuals[i][c] / table.draft[c])
-        out[c] += left * accept
-        left *= 1.0 - accept
-    if left > 0:
-        final = table.residuals[len(order)]
-        for c in out:
-            out[c] += left * final[c]
-    return out
-
-
-def _naivetree(table: NodeTable, order: list[int]) -> dict[int, float]:
-    """NaiveTree: the first copy with min(1, p/q); else y ~ norm((p - q)+), which may match another child."""
-    first = order[0]
-    accept = min(1.0, table.residuals[0][first] / table.draft[first])
-    out = {c: (1.0 - accept) * table.residuals[1][c] for c in order}
-    out[first] += accept
-    return out
-
-
-def _nss(table: NodeTable, order: list[int]) -> dict[int, float]:
-    """NSS: y ~ p, so a child is entered with its target probability."""
-    return {c: table.residuals[0][c] for c in order}
-
-
-def _greedy(table: NodeTable, order: list[int]) -> dict[int, float]:
-    """T=0: the child equal to argmax p is entered surely."""
-    return {c: float(table.tokens[c] == table.argmax) for c in order}
-
-
-#: verifier name -> (branching probabilities of an ordered child list, residual rows needed at a node whose child
-#: lists hold at most ``copies`` draws)
-BRANCHING: dict[str, tuple[Callable[[NodeTable, list[int]], dict[int, float]], Callable[[int], int]]] = {
-    "specinfer": (_specinfer, lambda copies: copies + 1),
-    "naivetree": (_naivetree, lambda copies: 2),
-    "nss": (_nss, lambda copies: 1),
-    "greedy": (_greedy, lambda copies: 1),
-}
 
 
 def check_verifier(name: str) -> None:
-    if name not in BRANCHING:
+    """Block-efficiency estimates need the verifier's closed-form branching law (``Verifier.branching``)."""
+    have = sorted(n for n in VERIFIERS if VERIFIERS.get(n).has_branching_law)
+    if name not in have:
         raise ValueError(
-            f"block-efficiency estimates need closed-form branching probabilities; they exist here for the top-down "
-            f"verifiers {sorted(BRANCHING)}, not {name!r} (traversal is bottom-up; spectr / khisti need their "
-            "solvers' branching laws, not implemented)."
+            f"block-efficiency estimates need closed-form branching probabilities; they exist for the top-down "
+            f"verifiers {have}, not {name!r} (traversal is bottom-up; spectr / khisti need their solvers' branching "
+            "laws, not implemented)."
         )
-
-
-def node_tables(
-    p: torch.Tensor, q: torch.Tensor, children: list[list[int]], depths: Sequence[int]
-) -> list[NodeTable]:
-    """:class:`NodeTable` of each row (``p``, ``q`` ``[m, V]``; ``children[i]``: that node's distinct child tokens;
-    ``depths[i]``: residual rows it needs). The residual chain runs only over the rows that still need it."""
-    order = sorted(range(len(children)), key=lambda i: -depths[i])
-    rows = torch.tensor(order, device=p.device)
-    p, q = p[rows], q[rows]
-    width = max(len(c) for c in children)
-    index = torch.tensor([children[i] + [0] * (width - len(children[i])) for i in order], device=p.device)
-    current = p
-    gathered = torch.zeros(len(order), max(depths), width, dtype=p.dtype, device=p.device)
-    gathered[:, 0] = p.gather(1, index)
-    for j in range(1, max(depths)):
-        live = sum(1 for i in order if depths[i] > j)  # a prefix: rows are sorted by depth
-        current = current[:live]
-        excess = (current - q[:live]).clamp(min=0)
-        total = excess.sum(-1, keepdim=True)
-        current = torch.where(total > 0, excess / total.clamp(min=torch.finfo(p.dtype).tiny), current)
-        gathered[:live, j] = current.gather(1, index[:live])
-    residuals, draft, argmax = gathered.tolist(), q.gather(1, index).tolist(), p.argmax(-1).tolist()
-    tables: list[NodeTable | None] = [None] * len(order)
-    for r, i in enumerate(order):
-        c = len(children[i])
-        tables[i] = NodeTable(tokens=list(children[i]), residuals=[row[:c] for row in residuals[r][: depths[i]]],
-                              draft=draft[r][:c], argmax=argmax[r])
-    return tables
-
-
-# ------------------------------------------------------------------------------------------------ sampling
-@dataclass
-class SampledTrees:
-    """``num_trees`` samples of every delayed tree of the action space, merged into one trie.
-
-    Attributes:
-        trie: all sampled paths merged by prefix (node 0 = root); q recorded at every expanded node.
-        trunk: ``[N, max_l1 + 1]`` trie node at each trunk depth of sample s (column 0 = the root).
-        branches: ``[N, len(trunks), max_k, max_l2 + 1]`` trie nodes of path j grown from the trunk node at depth
-            ``trunks[t]`` (column 0 = that node), in draw order.
-        trunks: the trunk lengths l1 that have paths.
-    """
-
-    trie: DraftTree
-    trunk: torch.Tensor
-    branches: torch.Tensor
-    trunks: list[int]
-
-
-def _draw(probs: torch.Tensor, inverse: torch.Tensor, generator: Randomness) -> torch.Tensor:
-    """One i.i.d. token per slot; slot i draws from ``probs[inverse[i]]`` (slots are distinguishable paths, so their
-    order matters). Inverse-CDF sampling on each distinct row (``torch.multinomial`` is far slower on 49k-token rows);
-    the generator must live on ``probs``' device."""
-    if isinstance(generator, RandomSource):
-        return torch.tensor([categorical(probs[int(r)], generator) for r in inverse], dtype=torch.long)
-    cdf = probs.float().cumsum(-1)
-    sizes = torch.bincount(inverse, minlength=probs.shape[0])
-    order = torch.sort(inverse, stable=True).indices
-    rank = torch.empty_like(inverse)
-    rank[order] = torch.arange(inverse.numel()) - (sizes.cumsum(0) - sizes)[inverse[order]]
-    uniform = torch.rand(probs.shape[0], int(sizes.max()), generator=generator, device=probs.device) * cdf[:, -1:]
-    tokens = torch.searchsorted(cdf, uniform, right=True).clamp(max=probs.shape[1] - 1).cpu()
-    return tokens[inverse, rank]
-
-
-def sample_trees(
-    draft: ProbsFn, root_token: int, num_trees: int, trunks: Sequence[int], max_paths: int, max_branch: int,
-    generator: Randomness = None, device: torch.device | str = "cpu",
-) -> SampledTrees:
-    """Grows, level by level with one draft call per level, ``num_trees`` trunks of ``max(trunks)`` tokens and from
-    each trunk depth in ``trunks`` ``max_paths`` i.i.d. paths of ``max_branch`` tokens, every draw from q."""
-    trunks = sorted({int(t) for t in trunks})
-    longest, n, t_count, k = max(trunks), num_trees, len(trunks), max_paths
-    owners = torch.arange(n).repeat_interleave(t_count * k)
-    starts = torch.cat([torch.zeros(n, dtype=torch.long),
-                        torch.tensor(trunks).repeat_interleave(k).repeat(n)])
-    lengths = torch.cat([torch.full((n,), longest), torch.full((n * t_count * k,), max_branch)])
-    path = torch.full((starts.numel(), max(longest, max_branch) + 1), -1, dtype=torch.long)
-    path[:n, 0] = 0
-    trie = DraftTree.root(root_token, device=device, regime=Regime.IID)
-    child_of: dict[tuple[int, int], int] = {}
-    expanded, tables = [], []  # q is recorded once at the end (recording per level re-copies the growing table)
-    for level in range(longest + max_branch):
-        beginning = (starts[n:] == level).nonzero().flatten()
-        if beginning.numel():
-            path[n + beginning, 0] = path[owners[beginning], level]
-        active = ((starts <= level) & (level < starts + lengths)).nonzero().flatten()
-        if active.numel() == 0:
-            continue
-        cols = level - starts[active]
-        current = path[active, cols]
-        frontier, inverse = current.unique(return_inverse=True)
-        probs = draft(trie, frontier.to(device))
-        expanded.append(frontier)
-        tables.append(probs)
-        tokens = _draw(probs, inverse, generator)
-        new_parents, new_tokens, children = [], [], []
-        for u, x in zip(current.tolist(), tokens.tolist()):
-            if (u, x) not in child_of:
-                child_of[(u, x)] = trie.num_nodes + len(new_parents)
-                new_parents.append(u)
-                new_tokens.append(x)
-            children.append(child_of[(u, x)])
-        if new_parents:
-            parents = torch.tensor(new_parents)
-            xs = torch.tensor(new_tokens)
-            rows = torch.searchsorted(frontier, parents)
-            logq = probs[rows.to(probs.device), xs.to(probs.device)].log()
-            trie = trie.add_children(parents.to(device), xs.to(device), logq)
-        path[active, cols + 1] = torch.tensor(children)
-    trie = trie.record_draft_probs(torch.cat(expanded).to(device), torch.cat(tables))
-    return SampledTrees(trie=trie, trunk=path[:n, : longest + 1],
-                        branches=path[n:, : max_branch + 1].view(n, t_count, k, max_branch + 1), trunks=trunks)
-
-
-def trie_tables(trees: SampledTrees, target: ProbsFn, verifier: str, max_paths: int,
-                chunk: int = 128) -> dict[int, NodeTable]:
-    """:class:`NodeTable` of every expanded trie node, target probabilities fetched ``chunk`` nodes at a time."""
-    trie = trees.trie
-    expanded = (trie.q_index >= 0).nonzero().flatten()
-    kids: dict[int, list[int]] = {}
-    for u, x in zip(trie.parents.tolist(), trie.tokens.tolist()):
-        if u >= 0:
-            kids.setdefault(u, []).append(x)
-    depth_of = BRANCHING[verifier][1]
-    copies = max_copies(trees).tolist()
-    tables: dict[int, NodeTable] = {}
-    for start in range(0, expanded.numel(), chunk):
-        nodes = expanded[start : start + chunk]
-        p = target(trie, nodes)
-        q = trie.draft_probs[trie.q_index[nodes]].to(p.device, p.dtype)
-        ids = nodes.tolist()
-        for node, table in zip(ids, node_tables(p, q, [kids[v] for v in ids], [depth_of(copies[v]) for v in ids])):
-            tables[node] = table
-    return tables
-
-
-def max_copies(trees: SampledTrees) -> torch.Tensor:
-    """``[n]`` the most draws any one action tree makes at each trie node (k paths through a node = k copies in its
-    child list; a trunk node has one), which bounds the residual rows its table needs."""
-    copies = torch.zeros(trees.trie.num_nodes, dtype=torch.long)
-    parents = trees.branches[..., :-1]  # [N, T, K, L2]: the node each draw was made at
-    n, t, _, levels = parents.shape
-    group = (torch.arange(n * t).view(n, t, 1, 1) * levels + torch.arange(levels)).expand_as(parents)
-    pairs, counts = torch.stack([group.flatten(), parents.flatten()], 1).unique(dim=0, return_counts=True)
-    copies.scatter_reduce_(0, pairs[:, 1], counts, reduce="amax")
-    trunk = trees.trunk[:, :-1].flatten()
-    copies[trunk] = copies[trunk].clamp(min=1)
-    return copies
-
-
-@dataclass
-class ActionStats:
-    """Per-sample statistics of every action: ``tau`` (1 + expected accepted drafts), ``nodes`` (target tree rows,
-    root included) and ``draft_width`` (nodes fed to the drafter over the step's ``l1 + l2`` calls). ``[N, A]``."""
-
-    tau: torch.Tensor
-    nodes: torch.Tensor
-    draft_width: torch.Tensor
-
-
-def action_stats(trees: SampledTrees, tables: dict[int, NodeTable], actions: Sequence[Action],
-                 verifier: str) -> ActionStats:
-    """Equation 3 for every sample and action: a node counts with the product of branching probabilities on its path.
-
-    Per sample, the trunk's reach probabilities are computed once, and per (trunk length, k) the branch tree's
-    per-depth reach sums once for all l2 (an action's tree is the first k paths truncated to depth l2)."""
-    branching = BRANCHING[verifier][0]
-    tokens = trees.trie.tokens.tolist()
-    n = trees.trunk.shape[0]
-    max_branch = trees.branches.shape[-1] - 1
-    out = torch.zeros(3, n, len(actions), dtype=torch.float64)
-    by_shape: dict[tuple[int, int], list[int]] = {}
-    for a, action in enumerate(actions):
-        if action.trunk not in trees.trunks or action.paths > trees.branches.shape[2] or action.branch > max_branch:
-            raise ValueError(f"action {tuple(action)} is outside the sampled trees (trunks {trees.trunks}, "
-                             f"k <= {trees.branches.shape[2]}, l2 <= {max_branch}).")
-        by_shape.setdefault((action.trunk, action.paths), []).append(a)
-
-    def enter(parent: int, kids: list[int]) -> dict[int, float]:
-        table = tables[parent]
-        probs = branching(table, [table.column[tokens[v]] for v in kids])
-        return {v: probs[table.column[tokens[v]]] for v in kids}
-
-    for s in range(n):
-        trunk = trees.trunk[s].tolist()
-        reach, cumulative = [1.0], [0.0]
-        for d in range(1, len(trunk)):
-            reach.append(reach[-1] * enter(trunk[d - 1], [trunk[d]])[trunk[d]])
-            cumulative.append(cumulative[-1] + reach[-1])
-        for (l1, k), indices in by_shape.items():
-            paths = trees.branches[s, trees.trunks.index(l1), :k].tolist()
-            node_reach = {paths[0][0]: 1.0}
-            level_sum, level_nodes = [0.0] * (max_branch + 1), [1] + [0] * max_branch
-            for d in range(max_branch):
-                groups: dict[int, list[int]] = {}
-                for path in paths:
-                    groups.setdefault(path[d], []).append(path[d + 1])
-                for parent, kids in groups.items():
-                    for child, prob in enter(parent, kids).items():
-                        node_reach[child] = node_reach[parent] * prob
-                        level_sum[d + 1] += node_reach[child]
-                        level_nodes[d + 1] += 1
-            for a in indices:
-                l2 = actions[a].branch
-                out[0, s, a] = 1.0 + cumulative[l1] + reach[l1] * sum(level_sum[1 : l2 + 1])
-                out[1, s, a] = 1 + l1 + sum(level_nodes[1 : l2 + 1])
-                out[2, s, a] = l1 + sum(level_nodes[:l2])
-    return ActionStats(tau=out[0], nodes=out[1], draft_width=out[2])
-
-
-# ------------------------------------------------------------------------------------------------ latency
-@dataclass
-class LatencyModel:
-    """Seconds of one forward as ``c0 + c1 n + c2 L + c3 n L`` (n = nodes fed, L = context length / 1000), fitted
-    on a microbenchmark for the target (tree forward) and the drafter (one expansion call), plus ``overhead``: per-
-    step seconds outside the forwards (verification, bookkeeping). Equation 11 with tree-size terms."""
-
-    target: list[float]
-    draft: list[float]
-    overhead: float = 0.0
-    measurements: dict[str, list[list[float]]] = field(default_factory=dict)
-
-    @staticmethod
-    def _design(nodes: float, context: float) -> list[float]:
-        c = context / 1000.0
-        return [1.0, float(nodes), c, float(nodes) * c]
-
-    def _predict(self, coefficients: list[float], nodes: float, context: float) -> float:
-        value = sum(a * b for a, b in zip(coefficients, self._design(nodes, context)))
-        return max(value, 1e-6)
-
-    def target_seconds(self, context: int, nodes: float) -> float:
-        return self._predict(self.target, nodes, context)
-
-    def draft_seconds(self, context: int, width: float) -> float:
-        return self._predict(self.draft, width, context)
-
-    def step_seconds(self, context: int, calls: int, draft_width: float, nodes: float) -> float:
-        """``calls`` draft forwards feeding ``draft_width`` nodes in all, one target forward over ``nodes`` rows."""
-        c = context / 1000.0
-        d0, d1, d2, d3 = self.draft
-        draft = calls * (d0 + d2 * c) + draft_width * (d1 + d3 * c)
-        return max(draft, 1e-6 * calls) + self.target_seconds(context, nodes) + self.overhead
-
-    @classmethod
-    def fit(cls, target: list[tuple[int, int, float]], draft: list[tuple[int, int, float]],
-            overhead: float = 0.0) -> "LatencyModel":
-        """Least squares on ``(context, nodes, seconds)`` measurements."""
-
-        def solve(samples):
-            x = torch.tensor([cls._design(n, c) for c, n, _ in samples], dtype=torch.float64)
-            y = torch.tensor([[s] for _, _, s in samples], dtype=torch.float64)
-            return torch.linalg.lstsq(x, y).solution.flatten().tolist()
-
-        return cls(target=solve(target), draft=solve(draft), overhead=overhead,
-                   measurements={"target": [list(m) for m in target], "draft": [list(m) for m in draft]})
-
-
-def _seconds(run: Callable[[], Any], device: torch.device) -> float:
-    sync(device)
-    start = time.perf_counter()
-    run()
-    sync(device)
-    return time.perf_counter() - start
-
-
-def _median(values: list[float]) -> float:
-    return sorted(values)[len(values) // 2]
-
-
-def _star(root: int, tokens: torch.Tensor, device) -> DraftTree:
-    tree = DraftTree.root(root, device=device, regime=Regime.IID)
-    if tokens.numel():
-        tree = tree.add_children(torch.zeros(tokens.numel(), dtype=torch.long, device=device), tokens.to(device),
-                                 torch.zeros(tokens.numel(), device=device))
-    return tree
-
-
-@torch.no_grad()
-def measure_latency(
-    model, drafter_model, contexts: Sequence[int] = (64, 256, 768), target_nodes: Sequence[int] = (1, 8, 24, 48),
-    draft_widths: Sequence[int] = (1, 4, 8), repeats: int = 3, overhead: float = 0.0, seed: int = 0,
-) -> LatencyModel:
-    """Microbenchmark ("warm-up run") of target tree forwards and drafter expansions at several context lengths, on
-    random tokens (cost does not depend on the values), fitted by :meth:`LatencyModel.fit`."""
-    drafter = as_drafter(drafter_model)
-    layers = tuple(drafter.target_layers or ())
-    device = model.device
-    vocab = int(model.config.get_text_config().vocab_size)
-    generator = torch.Generator().manual_seed(seed)
-    target_samples, draft_samples = [], []
-    for context in contexts:
-        ids = torch.randint(0, vocab, (context + 1,), generator=generator).to(device)
-        cache = DynamicCache(config=model.config)
-        with (capture_hidden_states(model, layers) if layers else nullcontext(None)) as states:
-            model(input_ids=ids[None, :context], position_ids=torch.arange(context, device=device)[None],
-                  past_key_values=cache, use_cache=True, logits_to_keep=1)
-        features = TargetFeatures(states.hidden_states[0]) if layers else None
-        kv = TreeKV(cache, committed=context)
-        for nodes in target_nodes:
-            tree = _star(int(ids[context]), torch.randint(0, vocab, (nodes - 1,), generator=generator), device)
-            inputs, positions, mask = kv.inputs_for(tree, torch.arange(tree.num_nodes, device=device), model.dtype)
-            times = []
-            for _ in range(repeats + 1):  # the first run warms up
-                times.append(_seconds(functools.partial(model, input_ids=inputs, position_ids=positions,
-                                                        attention_mask=mask, past_key_values=cache, use_cache=True),
-                                      device))
-                keep_rows(cache, context, torch.zeros(0, dtype=torch.long))
-            target_samples.append((context, nodes, _median(times[1:])))
-        for width in draft_widths:
-            tokens = torch.randint(0, vocab, (width,), generator=generator)
-            times = []
-            for _ in range(repeats + 1):
-                drafter.start(ids[:context], features)
-                root = _star(int(ids[context]), torch.zeros(0, dtype=torch.long), device)
-                drafter.expand(root, torch.zeros(1, dtype=torch.long, device=device))  # feeds the prefix too
-                tree = root.add_children(torch.zeros(width, dtype=torch.long, device=device), tokens.to(device),
-                                         torch.zeros(width, device=device))
-                times.append(_seconds(functools.partial(drafter.expand, tree, torch.arange(1, width + 1, device=device)),
-                                      device))
-            draft_samples.append((context, width, _median(times[1:])))
-    return LatencyModel.fit(target_samples, draft_samples, overhead)
 
 
 # ------------------------------------------------------------------------------------------------ per prompt
@@ -466,7 +80,7 @@ class NDEDataConfig:
 
     Args:
         paths / trunks / branches: the action space k x l1 x l2 (:func:`~hf_treespec.policies.nde.action_space`).
-        verifier: top-down verifier whose block efficiency is estimated (:data:`BRANCHING`).
+        verifier: top-down verifier whose block efficiency is estimated (``Verifier.branching``).
         temperature / top_p / top_k: sampling of the trajectories, of p and q (temperature 0 = greedy, verifier
             must then be ``greedy``).
         max_new_tokens: trajectory length per prompt.

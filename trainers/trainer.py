@@ -9,7 +9,6 @@ accumulation and multi-device runs weigh every scored position / tree node equal
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -18,6 +17,7 @@ from transformers import PreTrainedModel, Trainer, TrainingArguments
 
 from .collators import DrafterCollator, EAGLECollator, HASSCollator, TALFCollator
 from .data import PreparedData
+from .metrics import MetricsMixin
 from .losses import TargetHead, feature_regression, soft_cross_entropy, top1_agreement, topk_distillation
 from .unroll import TreeLevels, UnrollOutput, unroll
 
@@ -70,7 +70,7 @@ class TALFConfig(DrafterTrainingArguments):
 
 
 # ------------------------------------------------------------------------------------------------------ trainers
-class DrafterTrainer(Trainer):
+class DrafterTrainer(MetricsMixin, Trainer):
     """Common machinery: target head, loss normalisation, per-depth metrics. Subclasses define ``objective``."""
 
     config_class: ClassVar[type[DrafterTrainingArguments]] = DrafterTrainingArguments
@@ -137,7 +137,6 @@ class DrafterTrainer(Trainer):
         self.target_head = target_head.to(self.args.device)
         for module in (model.get_input_embeddings(), model.get_output_embeddings()):
             module.to(self.args.device)  # shared target modules are not registered on the drafter, so not moved
-        self._metrics: dict[str, dict[str, list[float]]] = {"train": defaultdict(list), "eval": defaultdict(list)}
 
     @classmethod
     def make_collator(cls, prepared: PreparedData, args: DrafterTrainingArguments) -> DrafterCollator:
@@ -145,7 +144,25 @@ class DrafterTrainer(Trainer):
 
     # ------------------------------------------------------------------------------------------- loss plumbing
     def objective(self, model, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, dict]:
-        """``(sum of per-item losses, number of items, {metric: (sum, count)})`` for one micro-batch."""
+        """``(sum of per-item losses, number of items, {metric: (sum, count)})`` for one micro-batch: the unroll,
+        then :meth:`item_loss` over every scored part (context positions, tree nodes), plus per-depth top-1."""
+        levels = TreeLevels.from_batch(inputs)
+        out = self.run_unroll(model, inputs, levels)
+        total, metrics, items = 0.0, {}, 0
+        for logits, hidden, labels, nexts, depth in zip(*self.scored(out, inputs, levels)):
+            if logits.shape[0] == 0:
+                continue
+            logp = self.target_logp(model, labels)
+            total = total + self.item_loss(model, logp, logits, hidden, nexts, depth, metrics).sum()
+            items += logits.shape[0]
+            self.depth_metrics(metrics, "top1", top1_agreement(logp, logits.detach()), depth)
+        return _as_loss(total, model), torch.tensor(items), _finalise(metrics)
+
+    def item_loss(self, model, logp: torch.Tensor, logits: torch.Tensor, hidden: torch.Tensor,
+                  next_states: torch.Tensor | None, depth: torch.Tensor, metrics: dict) -> torch.Tensor:
+        """``[items]`` loss of one scored part (``logp``: target log-probs, ``logits``: the drafter's, ``hidden``:
+        its features, ``next_states``: the target states its features regress to, None for tree nodes without
+        them); adds its own metrics to ``metrics``."""
         raise NotImplementedError
 
     def compute_loss(self, model, inputs, return_outputs: bool = False, num_items_in_batch=None):
@@ -158,21 +175,8 @@ class DrafterTrainer(Trainer):
             self.loss_is_scaled_for_ga = True
             if self.args.average_tokens_across_devices:
                 loss = loss * self.accelerator.num_processes  # DDP averages gradients; counts were summed
-        mode = "train" if model.training else "eval"
-        for key, value in metrics.items():
-            self._metrics[mode][key].append(value)
+        self.record(model, metrics)
         return (loss, {"loss": loss.detach()}) if return_outputs else loss
-
-    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        mode = "eval" if any(key.startswith("eval_") for key in logs) else "train"
-        prefix = "eval_" if mode == "eval" else ""
-        for key, values in self._metrics[mode].items():
-            total = sum(v[0] for v in values)
-            count = sum(v[1] for v in values)
-            if count:
-                logs[prefix + key] = round(total / count, 4)
-        self._metrics[mode].clear()
-        super().log(logs, start_time)
 
     # ---------------------------------------------------------------------------------------------- helpers
     def drafter(self, model):
@@ -229,28 +233,16 @@ class EAGLETrainer(DrafterTrainer):
     collator_class = EAGLECollator
     objective_name = "eagle"
 
-    def objective(self, model, inputs):
-        levels = TreeLevels.from_batch(inputs)
-        out = self.run_unroll(model, inputs, levels)
-        drafter = self.drafter(model)
-        total, metrics = 0.0, {}
-        logits, hidden, labels, nexts, depth = self.scored(out, inputs, levels)
-        items = sum(x.shape[0] for x in logits)
-        for part_logits, part_hidden, part_labels, part_next, part_depth in zip(logits, hidden, labels, nexts, depth):
-            if part_logits.shape[0] == 0:
-                continue
-            logp = self.target_logp(model, part_labels)
-            ce = soft_cross_entropy(logp, part_logits)
-            with torch.no_grad():
-                feature_target = drafter.project_features(part_next)
-            feat = feature_regression(part_hidden, feature_target)
-            loss = self.args.ce_weight * ce + self.args.feature_weight * feat
-            loss = loss + self.extra_terms(logp, part_logits, metrics)
-            total = total + loss.sum()
-            metrics["ce"] = _add(metrics.get("ce"), ce)
-            metrics["feature_loss"] = _add(metrics.get("feature_loss"), feat)
-            self.depth_metrics(metrics, "top1", top1_agreement(logp, part_logits.detach()), part_depth)
-        return _as_loss(total, model), torch.tensor(items), _finalise(metrics)
+    def item_loss(self, model, logp, logits, hidden, next_states, depth, metrics):
+        ce = soft_cross_entropy(logp, logits)
+        with torch.no_grad():
+            feature_target = self.drafter(model).project_features(next_states)
+        feat = feature_regression(hidden, feature_target)
+        loss = self.args.ce_weight * ce + self.args.feature_weight * feat
+        loss = loss + self.extra_terms(logp, logits, metrics)
+        metrics["ce"] = _add(metrics.get("ce"), ce)
+        metrics["feature_loss"] = _add(metrics.get("feature_loss"), feat)
+        return loss
 
     def extra_terms(self, logp, logits, metrics) -> torch.Tensor | float:
         return 0.0
@@ -284,22 +276,11 @@ class TALFTrainer(DrafterTrainer):
     collator_class = TALFCollator
     objective_name = "talf"
 
-    def objective(self, model, inputs):
-        levels = TreeLevels.from_batch(inputs)
-        out = self.run_unroll(model, inputs, levels)
-        logits, _, labels, _, depth = self.scored(out, inputs, levels)
-        total, metrics, items = 0.0, {}, 0
-        for part_logits, part_labels, part_depth in zip(logits, labels, depth):
-            if part_logits.shape[0] == 0:
-                continue
-            logp = self.target_logp(model, part_labels)
-            ce = soft_cross_entropy(logp, part_logits)
-            weights = self.item_weights(part_depth)
-            total = total + (ce if weights is None else ce * weights).sum()
-            items += ce.shape[0]
-            self.depth_metrics(metrics, "ce", ce.detach(), part_depth)
-            self.depth_metrics(metrics, "top1", top1_agreement(logp, part_logits.detach()), part_depth)
-        return _as_loss(total, model), torch.tensor(items), _finalise(metrics)
+    def item_loss(self, model, logp, logits, hidden, next_states, depth, metrics):
+        ce = soft_cross_entropy(logp, logits)
+        self.depth_metrics(metrics, "ce", ce.detach(), depth)
+        weights = self.item_weights(depth)  # the EAGLE-3 training-time test may decay deep items
+        return ce if weights is None else ce * weights
 
     def item_weights(self, depth: torch.Tensor) -> torch.Tensor | None:
         """Per-item loss weights by token depth (None = all 1; the EAGLE-3 training-time test may decay them)."""

@@ -2,7 +2,8 @@
 
 from .methods import METHODS, BenchMethod, RunOutput, available_methods, build_method
 from .report import markdown_report, write_report
-from .runner import BenchmarkConfig, BenchmarkResult, MethodSummary, QuestionResult, run_benchmark
+from .results import BenchmarkResult, MethodSummary, QuestionResult
+from .runner import BenchmarkConfig, run_benchmark
 
 __all__ = [
     "METHODS",

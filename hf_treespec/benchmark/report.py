@@ -13,7 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .runner import BASELINE, BenchmarkResult, MethodSummary
+from .results import BASELINE, BenchmarkResult, MethodSummary
 
 PER_QUESTION_FILE = "per_question.jsonl"
 SUMMARY_FILE = "summary.json"

@@ -15,14 +15,12 @@ names in :class:`BenchmarkConfig`.
 
 from __future__ import annotations
 
-import os
 import platform
 import statistics
 import time
 import warnings
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
@@ -43,6 +41,7 @@ from .methods import (
     check_overrides,
     overrides_for,
 )
+from .results import BASELINE, BenchmarkResult, MethodSummary, QuestionResult  # noqa: F401  (re-exported)
 
 DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 #: --dtype auto: the machine's fast dtype (bf16 on a GPU or a CPU with avx512_bf16 / AMX, else fp32)
@@ -149,111 +148,6 @@ class BenchmarkConfig:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
-
-
-@dataclass
-class QuestionResult:
-    """One (method, question): median wall time over repeats and the statistics of that median run."""
-
-    method: str
-    question_id: int | str
-    category: str
-    prompt_tokens: int
-    new_tokens: int
-    seconds: float
-    all_seconds: list[float]
-    target_forwards: int
-    tau: float
-    draft_seconds: float | None = None
-    verify_seconds: float | None = None
-    draft_forwards: int | None = None
-    mean_tree_size: float | None = None
-    drafted_share: float | None = None  # steps that verified a draft tree / all steps (auto may skip drafting)
-    identical: bool | None = None
-    divergence: dict[str, Any] | None = None
-    tokens: list[int] = field(default_factory=list)
-    text: str = ""
-
-
-@dataclass
-class MethodSummary:
-    """Totals of one method over all questions; ratios against plain generate measured in the same run."""
-
-    method: str
-    base_method: str
-    sweep_value: Any
-    questions: int
-    new_tokens: int
-    seconds: float
-    tokens_per_s: float
-    speedup: float | None
-    tau: float
-    draft_seconds: float | None
-    verify_seconds: float | None
-    other_seconds: float | None
-    mean_tree_size: float | None
-    drafted_share: float | None
-    identical: int | None
-    compared: int | None
-    divergences: list[dict[str, Any]]
-
-
-@dataclass
-class BenchmarkResult:
-    settings: dict[str, Any]
-    methods: list[str]
-    records: list[QuestionResult]
-    skipped: dict[str, str]
-    sweep: tuple[str, list[Any]] | None = None
-    sweep_methods: dict[str, tuple[str, Any]] = field(default_factory=dict)  # variant name -> (base method, value)
-
-    def summaries(self) -> list[MethodSummary]:
-        """One summary per method, in run order (sweep variants included)."""
-        baseline = self._totals(BASELINE)
-        return [self._summary(name, baseline) for name in self.methods]
-
-    def _totals(self, method: str) -> tuple[int, float]:
-        rows = [r for r in self.records if r.method == method]
-        return sum(r.new_tokens for r in rows), sum(r.seconds for r in rows)
-
-    def _summary(self, name: str, baseline: tuple[int, float]) -> MethodSummary:
-        rows = [r for r in self.records if r.method == name]
-        tokens, seconds = self._totals(name)
-        rate = tokens / seconds if seconds > 0 else float("nan")
-        base_rate = baseline[0] / baseline[1] if baseline[1] > 0 else None
-        forwards = sum(r.target_forwards for r in rows)
-        timed = [r for r in rows if r.draft_seconds is not None]
-        draft = sum(r.draft_seconds for r in timed) if timed else None
-        verify = sum(r.verify_seconds for r in timed) if timed else None
-        sizes = [r.mean_tree_size for r in rows if r.mean_tree_size is not None]
-        shares = [r.drafted_share for r in rows if r.drafted_share is not None]
-        compared = [r for r in rows if r.identical is not None]
-        base, value = self.sweep_methods.get(name, (name, None))
-        return MethodSummary(
-            method=name,
-            base_method=base,
-            sweep_value=value,
-            questions=len(rows),
-            new_tokens=tokens,
-            seconds=seconds,
-            tokens_per_s=rate,
-            speedup=rate / base_rate if base_rate else None,
-            tau=tokens / forwards if forwards else float("nan"),
-            draft_seconds=draft,
-            verify_seconds=verify,
-            other_seconds=seconds - draft - verify if timed else None,
-            mean_tree_size=statistics.fmean(sizes) if sizes else None,
-            drafted_share=statistics.fmean(shares) if shares else None,
-            identical=sum(r.identical for r in compared) if compared else None,
-            compared=len(compared) if compared else None,
-            divergences=[{"question_id": r.question_id, **r.divergence} for r in rows if r.divergence],
-        )
-
-    def save(self, out: str | os.PathLike) -> Path:
-        """Writes per-question JSONL, summary JSON, table.md and plots under ``out``; returns the folder."""
-        from .report import write_report
-
-        return write_report(self, out)
 
 
 class ForwardCounter:

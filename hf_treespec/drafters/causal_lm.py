@@ -40,13 +40,12 @@ class CausalLMDrafter(Drafter):
 
     @torch.no_grad()
     def expand(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
-        ids, positions, mask = self.kv.inputs_for(tree, nodes, self._dtype)
-        device = self.model.device
+        ids, positions, mask = self.kv.inputs_for(tree, nodes, self._dtype, device=self.model.device)
         num_nodes = int(nodes.numel())
         out = self.model(
-            input_ids=ids.to(device),
-            position_ids=positions.to(device),
-            attention_mask=mask.to(device),
+            input_ids=ids,
+            position_ids=positions,
+            attention_mask=mask,
             past_key_values=self.kv.cache,
             use_cache=True,
             logits_to_keep=num_nodes,

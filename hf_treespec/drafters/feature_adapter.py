@@ -101,7 +101,8 @@ class FeatureDrafter(Drafter):
         self._root_feature = self.model.project_features(raw[None])[0]
 
     def _reset_nodes(self) -> None:
-        self._node_known = torch.zeros(self._node_features.shape[0], dtype=torch.bool, device=self._device)
+        # which uids hold an output feature: host bookkeeping, so checking a parent never waits for the device
+        self._node_known = torch.zeros(self._node_features.shape[0], dtype=torch.bool)
 
     def _ensure_capacity(self, num_uids: int) -> None:
         have = self._node_features.shape[0]
@@ -109,7 +110,7 @@ class FeatureDrafter(Drafter):
             return
         size = max(num_uids, 2 * have, 64)
         grown = torch.zeros(size, self.model.config.hidden_size, dtype=self._dtype, device=self._device)
-        known = torch.zeros(size, dtype=torch.bool, device=self._device)
+        known = torch.zeros(size, dtype=torch.bool)
         grown[:have] = self._node_features
         known[:have] = self._node_known
         self._node_features, self._node_known = grown, known
@@ -134,34 +135,35 @@ class FeatureDrafter(Drafter):
     @torch.no_grad()
     def expand(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
         kv = self._started()
-        device = self._device
-        ids, positions, mask = kv.inputs_for(tree, nodes, self._dtype)
-        nodes = nodes.to(tree.device)
+        nodes = nodes.cpu()
         num_pending, num_nodes = int(kv.pending.numel()), int(nodes.numel())
         parents = tree.parents[nodes]
-        is_root = (parents < 0).to(device)
-        parent_uids = tree.uids[parents.clamp(min=0)].to(device)
+        is_root = parents < 0
+        parent_uids = tree.uids[parents.clamp(min=0)]
+        node_uids = tree.uids[nodes]
         self._ensure_capacity(tree.next_uid)
         if not bool((self._node_known[parent_uids] | is_root).all()):
             raise RuntimeError("expand: every node's parent must have been expanded earlier (its output feature is "
                                "the node's input).")
+        self._node_known[node_uids] = True
+        # one host-to-device copy for the forward's inputs and the feature-table indices
+        ids, positions, mask, is_root, parent_uids, node_uids = kv.inputs_for(
+            tree, nodes, self._dtype, device=self._device, extra=(is_root, parent_uids, node_uids))
         node_features = torch.where(is_root[:, None], self._root_feature, self._node_features[parent_uids])
         if num_pending:
             node_features = torch.cat([self.model.project_features(self._pending_raw), node_features])
         out = self.model(
-            input_ids=ids.to(device),
+            input_ids=ids,
             features=node_features[None],
-            position_ids=positions.to(device),
-            attention_mask=mask.to(device),
+            position_ids=positions,
+            attention_mask=mask,
             past_key_values=kv.cache,
             use_cache=True,
             logits_to_keep=num_nodes,
         )
         kv.fed(tree, nodes)
         self._pending_raw = self._pending_raw[:0]
-        node_uids = tree.uids[nodes].to(device)
         self._node_features[node_uids] = out.hidden_states[0, num_pending:]
-        self._node_known[node_uids] = True
         return self.model.target_logits(out.logits[0].float())
 
     @torch.no_grad()
@@ -173,7 +175,7 @@ class FeatureDrafter(Drafter):
         chain = [self._pending_raw]
         if int(kv.pending.numel()) > pending_before:  # root never fed: it joins the pending chain
             chain.append(self._root_raw[None])
-        kv.pending = torch.cat([kv.pending, tree.tokens[accepted[1:]].cpu()])
+        kv.pending = torch.cat([kv.pending, tree.tokens[accepted[1:].cpu()]])
         self._pending_raw = torch.cat([*chain, raw[:-1]])  # accepted[i + 1] pairs with the target state at accepted[i]
         self._set_root(raw[-1])
         self._reset_nodes()

@@ -156,10 +156,11 @@ def tree_speculative_decoding(
     temperature, top_p = sampling_params(generation_config)
     draft_mean, target_mean = RunningMean(), RunningMean()
 
-    def step_context(states, probs_row: torch.Tensor, row) -> StepContext:
-        """What the next step's policy sees: the target at the root's parent (``row`` of the last forward)."""
+    def step_context(states, probs_row: torch.Tensor, row, root: int) -> StepContext:
+        """What the next step's policy sees: the target at the root's parent (``row`` of the last forward); ``root``
+        is the last committed token, passed from the host copy rather than read back from ``input_ids``."""
         return StepContext(
-            root_token=int(input_ids[0, -1]), device=device, context_length=input_ids.shape[1],
+            root_token=root, device=device, context_length=input_ids.shape[1],
             temperature=temperature, top_p=top_p, target_probs=probs_row.softmax(-1),
             target_hidden=states.parts[-1][0, row] if "target_hidden" in needs else None,
             draft_seconds=draft_mean.value, target_seconds=target_mean.value, speed=speed,
@@ -186,37 +187,42 @@ def tree_speculative_decoding(
     draft_forwards = 0
 
     def emit(tokens: torch.Tensor, proc_rows: torch.Tensor, raw_rows: torch.Tensor) -> tuple[bool, int]:
-        """Appends tokens one by one, honouring every stopping criterion inside the chunk; (done, count)."""
+        """Appends the chunk, honouring every stopping criterion inside it as if its tokens came one by one (each
+        criterion sees every prefix, as in plain generate); one copy in, one host read of all the verdicts; (done,
+        count)."""
         nonlocal input_ids, scores, raw_logits
-        done = False
-        count = 0
-        for i in range(tokens.numel()):
-            input_ids = torch.cat([input_ids, tokens[i].view(1, 1).to(device)], dim=1)
-            count += 1
-            if scores is not None:
-                scores += (proc_rows[i : i + 1],)
-            if raw_logits is not None:
-                raw_logits += (raw_rows[i : i + 1],)
-            if bool(stopping_criteria(input_ids, scores).any()):
-                done = True
-                break
+        start = input_ids.shape[1]
+        extended = torch.cat([input_ids, tokens.view(1, -1).to(device)], dim=1)
+        step_scores = tuple(proc_rows[i : i + 1] for i in range(tokens.numel())) if scores is not None else None
+        verdicts = [
+            stopping_criteria(extended[:, : start + i + 1], None if scores is None else scores + step_scores[: i + 1])
+            .any().reshape(1)
+            for i in range(tokens.numel())
+        ]
+        stops = torch.cat(verdicts).cpu()
+        done = bool(stops.any())
+        count = int(stops.int().argmax()) + 1 if done else int(tokens.numel())
+        input_ids = extended[:, : start + count]
+        if scores is not None:
+            scores += step_scores[:count]
+        if raw_logits is not None:
+            raw_logits += tuple(raw_rows[i : i + 1] for i in range(count))
         if streamer is not None:
             streamer.put(input_ids[:, -count:].cpu())
         return done, count
 
     finished, _ = emit(first.view(1), processed, logits)
-    context = step_context(states, processed[0], -1)
+    context = step_context(states, processed[0], -1, int(first))
     while not finished:
         source = WarpedDraftSource(drafter, logits_processor, input_ids)
         t0 = clock.now()
         tree: DraftTree = policy.build(source, context.root_token, context=context)
         t1 = clock.now()
-        nodes = torch.arange(tree.num_nodes, device=device)
-        ids, positions, mask4d = target_kv.inputs_for(tree, nodes, mask_dtype)
+        nodes = torch.arange(tree.num_nodes)  # the tree is host bookkeeping; one copy of the forward's inputs
+        ids, positions, mask4d = target_kv.inputs_for(tree, nodes, mask_dtype, device=device)
         with capture() as states:
             out = model(
-                input_ids=ids.to(device), position_ids=positions.to(device), attention_mask=mask4d.to(device),
-                past_key_values=cache, use_cache=True,
+                input_ids=ids, position_ids=positions, attention_mask=mask4d, past_key_values=cache, use_cache=True,
             )
         target_kv.fed(tree, nodes)
         if "latencies" in needs:
@@ -230,7 +236,7 @@ def tree_speculative_decoding(
         verify_seconds += t2 - t1
         draft_forwards += source.num_forwards
         accepted = result.accepted
-        new_tokens = torch.cat([tree.tokens[accepted[1:]], torch.tensor([result.next_token], device=tree.device)])
+        new_tokens = torch.cat([tree.tokens[accepted[1:]], torch.tensor([result.next_token])])
         tree_sizes.append(tree.num_nodes - 1)
         if speed is not None:
             speed.observe_step(
@@ -242,7 +248,7 @@ def tree_speculative_decoding(
         drafter.commit(tree, accepted, drafter_features(states, accepted))
         finished, count = emit(new_tokens, processed[accepted], raw[accepted])
         accepted_lengths.append(count)
-        context = step_context(states, processed[accepted[-1]], int(accepted[-1]))
+        context = step_context(states, processed[accepted[-1]], int(accepted[-1]), int(new_tokens[count - 1]))
 
     if streamer is not None:
         streamer.end()

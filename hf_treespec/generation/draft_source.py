@@ -27,7 +27,7 @@ class WarpedDraftSource(DraftSource):
         self.capabilities = frozenset() if len(processors) else drafter.capabilities
 
     def logprobs(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
-        logits = self.drafter.expand(tree, nodes)
+        logits = self.drafter.expand(tree, nodes).to(self.prefix_ids.device)  # host-side drafters answer on the CPU
         self.num_forwards += 1
         logits = process_tree_logits(self.processors, self.prefix_ids, tree, nodes, logits)
         return torch.log_softmax(logits, dim=-1)

@@ -32,7 +32,7 @@ class SALFPolicy(TreePolicy):
             raise ValueError(f"salf_threshold must be in [0, 1), got {th}.")
 
     def build(self, source, root_token, *, context, generator=None) -> DraftTree:
-        device = context.device
+        device = torch.device("cpu")  # trees are host bookkeeping (see DraftTree)
         sizer = sizer_from(context, self.name) if self.auto_sized else None
         tree = DraftTree.root(root_token, device=device)
         if sizer is not None and not sizer.should_draft():

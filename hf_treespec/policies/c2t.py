@@ -164,7 +164,7 @@ class C2TPolicy(TreePolicy):
         self.classifier = load_classifier(self.params["c2t_classifier"])
 
     def build(self, source, root_token, *, context, generator=None) -> DraftTree:
-        device = context.device
+        device = torch.device("cpu")  # trees are host bookkeeping (see DraftTree)
         k, depth = int(self.params["tree_topk"]), int(self.params["tree_depth"])
         beta, cap = float(self.params["c2t_threshold"]), int(self.params["c2t_topk"])
         classifier = self.classifier.to(device)

@@ -21,12 +21,11 @@ class ChainPolicy(TreePolicy):
         return Regime.IID if self.do_sample else Regime.DETERMINISTIC
 
     def build(self, source, root_token, *, context, generator=None) -> DraftTree:
-        device = context.device
-        tree = DraftTree.root(root_token, device=device, regime=self.regime_for())
+        tree = DraftTree.root(root_token, regime=self.regime_for())
         depth = int(self.params["tree_depth"])
         if not self.do_sample:
             return draft_greedy_chain(source, tree, 0, depth)
-        node = torch.zeros(1, dtype=torch.long, device=device)
+        node = torch.zeros(1, dtype=torch.long)
         for _ in range(depth):
             logq = source.logprobs(tree, node)[0]
             if not bool(torch.isfinite(logq).any()):  # the drafter has no proposal here
@@ -35,5 +34,5 @@ class ChainPolicy(TreePolicy):
             tree = tree.record_draft_probs(node, q[None])
             token = torch.multinomial(q, 1)
             tree = tree.add_children(node, token, logq[token])
-            node = torch.tensor([tree.num_nodes - 1], device=device)
+            node = torch.tensor([tree.num_nodes - 1])
         return tree

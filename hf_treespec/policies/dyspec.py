@@ -52,7 +52,7 @@ class DySpecPolicy(TreePolicy):
         self, source: DraftSource, root_token: int, *, context: StepContext, generator: Randomness = None
     ) -> DraftTree:
         """``generator``: where the draws come from (torch's global RNG when None; a RandomSource in exact tests)."""
-        device = context.device
+        device = torch.device("cpu")  # trees are host bookkeeping (see DraftTree)
         budget, threshold = int(self.params["tree_budget"]), float(self.params["dyspec_threshold"])
         max_depth = self.params["tree_depth"]
         tree = DraftTree.root(root_token, device=device, regime=self.regime)

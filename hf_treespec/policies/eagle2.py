@@ -27,7 +27,7 @@ class Eagle2Policy(TreePolicy):
     def build(self, source, root_token, *, context, generator=None) -> DraftTree:
         """With ``tree_budget="auto"`` the beam deepens while the cost rule says the next level can pay, and the final
         rerank keeps the rate-maximising number of nodes (possibly none: a step without drafts)."""
-        device = context.device
+        device = torch.device("cpu")  # trees are host bookkeeping (see DraftTree)
         sizer = sizer_from(context, self.name) if self.auto_sized else None
         tree = DraftTree.root(root_token, device=device)
         if sizer is not None and not sizer.should_draft():

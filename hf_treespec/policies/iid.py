@@ -24,7 +24,7 @@ def add_iid_children(
 ) -> tuple[DraftTree, torch.Tensor]:
     """Node ``nodes[i]`` draws ``draws[i]`` tokens i.i.d. from ``probs[i]``; equal draws become one child with their
     count. Returns the tree and the new nodes (ordered by parent, then token)."""
-    counts = multinomial_counts(probs, draws, generator)
+    counts = multinomial_counts(probs, draws, generator).cpu()  # the tree's structure lives on the host
     row, token = counts.nonzero(as_tuple=True)
     start = tree.num_nodes
     tree = tree.add_children(nodes[row], token, probs[row, token].log(), counts=counts[row, token])
@@ -72,15 +72,14 @@ class _SampledPathsPolicy(TreePolicy):
         self, source: DraftSource, root_token: int, *, context: StepContext, generator: Randomness = None
     ) -> DraftTree:
         """With do_sample=False the tree is still sampled (greedy verification is lossless for any tree)."""
-        device = context.device
         trunk, paths, branch = self.shape()
-        tree = DraftTree.root(root_token, device=device, regime=self.regime)
+        tree = DraftTree.root(root_token, regime=self.regime)
         if self.auto_sized:  # (k, l) per step by measured cost, the kwargs as upper bounds; None: no drafts
             chosen = sizer_from(context, self.name).choose_shape(lambda k, depth: k * depth, paths, branch)
             if chosen is None:
                 return tree
             paths, branch = chosen
-        one = torch.ones(1, dtype=torch.long, device=device)
+        one = torch.ones(1, dtype=torch.long)
         tree, tip = grow_iid(tree, source, one - 1, one, trunk, self.do_sample, generator)
         tree, _ = grow_iid(tree, source, tip, one * paths, branch, self.do_sample, generator)
         return tree

@@ -397,8 +397,7 @@ class NDEPolicy(TreePolicy):
             raise ValueError("tree_policy='nde' picks each tree's shape from the target's probabilities at the "
                              "root's parent: use it through generate(), or pass StepContext(target_probs=...) when "
                              "calling build by hand.")
-        device = context.device
-        tree = DraftTree.root(root_token, device=device, regime=self.regime)
-        root_logprobs = source.logprobs(tree, torch.zeros(1, dtype=torch.long, device=device))
+        tree = DraftTree.root(root_token, regime=self.regime)
+        root_logprobs = source.logprobs(tree, torch.zeros(1, dtype=torch.long))
         action = self.choose(context, root_logprobs[0].exp())
         return grow_delayed(tree, _PrimedSource(source, root_logprobs), action, self.do_sample, generator)

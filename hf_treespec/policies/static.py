@@ -180,7 +180,7 @@ class StaticPolicy(TreePolicy):
         return all(p[-1] == 0 for p in self.shape)
 
     def build(self, source, root_token, *, context, generator=None) -> DraftTree:
-        device = context.device
+        device = torch.device("cpu")  # trees are host bookkeeping (see DraftTree)
         tree = DraftTree.root(root_token, device=device)
         node_of = torch.full((len(self.shape),), -1, dtype=torch.long, device=device)  # shape path -> tree node
         for level, parent_path, ranks in self._levels:

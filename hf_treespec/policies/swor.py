@@ -41,26 +41,25 @@ class SWORPolicy(TreePolicy):
     def build(
         self, source: DraftSource, root_token: int, *, context: StepContext, generator: Randomness = None
     ) -> DraftTree:
-        device = context.device
         k, depth = int(self.params["tree_topk"]), int(self.params["tree_depth"])
-        tree = DraftTree.root(root_token, device=device, regime=self.regime)
+        tree = DraftTree.root(root_token, regime=self.regime)
         if self.auto_sized:
             chosen = sizer_from(context, self.name).choose_shape(lambda k, d: k + (d - 1) * k * k, k, depth)
             if chosen is None:
                 return tree
             k, depth = chosen
-        frontier = torch.zeros(1, dtype=torch.long, device=device)
+        frontier = torch.zeros(1, dtype=torch.long)
         for level in range(depth):
             logq = source.logprobs(tree, frontier)
             probs = logq.exp()
             if self.do_sample:
                 tree = tree.record_draft_probs(frontier, probs)
-            tokens, valid = without_replacement(probs, k, generator)
-            rows = torch.arange(frontier.numel(), device=device)[:, None].expand_as(tokens)[valid]
+            tokens, valid = (t.cpu() for t in without_replacement(probs, k, generator))  # to the host tree
+            rows = torch.arange(frontier.numel())[:, None].expand_as(tokens)[valid]
             tokens = tokens[valid]
             start = tree.num_nodes
             tree = tree.add_children(frontier[rows], tokens, logq[rows, tokens])
             if level + 1 < depth:
-                new = torch.arange(start, tree.num_nodes, device=device)
+                new = torch.arange(start, tree.num_nodes)
                 frontier = new[tree.scores[new].topk(min(k, new.numel())).indices.sort().values]
         return tree

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..randomness import Randomness, categorical
 from ..registry import Registry
 from ..tree import DraftTree, Regime
+
+if TYPE_CHECKING:
+    from .branching import NodeTable
 
 VERIFIERS: Registry["Verifier"] = Registry("verifier")
 
@@ -43,6 +47,8 @@ class Verifier(ABC):
     chain_only: bool = False
     sampling: bool = True  # False for the T=0 (argmax) verifier
     needs_draft_probs: bool = False
+    #: whether :meth:`branching` gives this verifier's branching law in closed form (NDE training data needs it)
+    has_branching_law: bool = False
 
     @abstractmethod
     def verify(self, tree: DraftTree, target_logits: torch.Tensor, generator: Randomness = None) -> VerifyResult:
@@ -50,6 +56,16 @@ class Verifier(ABC):
 
         ``generator``: a ``torch.Generator`` or a `~hf_treespec.randomness.RandomSource` (every random choice goes
         through `hf_treespec.randomness`, so the exact-enumeration tests can integrate it out)."""
+
+    def branching(self, table: "NodeTable", order: list[int]) -> dict[int, float]:
+        """Probability of entering each child (columns of ``table``, visited in ``order``, a child once per copy)
+        at a node whose p / q are summarised by ``table`` (see `hf_treespec.verifiers.branching`)."""
+        raise NotImplementedError(f"verifier={self.name!r} has no closed-form branching law.")
+
+    def branching_rows(self, copies: int) -> int:
+        """SpecInfer residual rows (p_0 = p, p_j = norm((p_{j-1} - q)+)) :meth:`branching` reads at a node whose
+        child lists hold at most ``copies`` draws."""
+        return 1
 
     # --------------------------------------------------------------------------------------------- compatibility
     @classmethod

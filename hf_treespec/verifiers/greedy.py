@@ -26,9 +26,15 @@ def deepest_matching_path(tree: DraftTree, choice: torch.Tensor) -> torch.Tensor
 class GreedyVerifier(Verifier):
     lossless_regimes = frozenset(Regime.ALL)
     sampling = False
+    has_branching_law = True
+
+    def branching(self, table, order):
+        """T=0: the child equal to argmax p is entered surely."""
+        return {c: float(table.tokens[c] == table.argmax) for c in order}
 
     def verify(self, tree, target_logits, generator=None) -> VerifyResult:
         # max(dim).indices is argmax (first maximum on ties, as documented), about 3x faster over a vocabulary on CPU
-        choice = target_logits.max(dim=-1).indices
+        # then one copy of the [n] choices to the host, where the tree's structure lives
+        choice = target_logits.max(dim=-1).indices.cpu()
         accepted = deepest_matching_path(tree, choice)
         return VerifyResult(accepted=accepted, next_token=int(choice[accepted[-1]]))

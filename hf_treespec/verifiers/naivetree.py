@@ -15,6 +15,19 @@ class NaiveTreeVerifier(TopDownVerifier):
     exactly the law of the first of k i.i.d. draws given the multiset.
     """
 
+    has_branching_law = True
+
+    def branching(self, table, order):
+        """The first copy with min(1, p / q); else y ~ norm((p - q)+), which may match another child."""
+        first = order[0]
+        accept = min(1.0, table.residuals[0][first] / table.draft[first])
+        out = {c: (1.0 - accept) * table.residuals[1][c] for c in order}
+        out[first] += accept
+        return out
+
+    def branching_rows(self, copies: int) -> int:
+        return 2
+
     def solve(self, p, q, tokens, counts, generator) -> int:
         x = int(tokens[pick(counts.to(p.dtype), generator)])
         if bool(bernoulli(accept_prob(p[x], q[x]), generator)):

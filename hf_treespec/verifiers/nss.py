@@ -14,6 +14,11 @@ from .base import VERIFIERS, Verifier, VerifyResult, sample, target_probs
 @VERIFIERS.register("nss")
 class NSSVerifier(Verifier):
     lossless_regimes = frozenset(Regime.ALL)
+    has_branching_law = True
+
+    def branching(self, table, order):
+        """y ~ p, so a child is entered with its target probability."""
+        return {c: table.residuals[0][c] for c in order}
 
     def verify(self, tree, target_logits, generator=None) -> VerifyResult:
         probs = target_probs(target_logits)

@@ -15,6 +15,25 @@ class SpecInferVerifier(TopDownVerifier):
     the multiset), drawn lazily: the next copy is a child with probability proportional to its remaining copies.
     """
 
+    has_branching_law = True
+
+    def branching(self, table, order):
+        """Copy i (in order) is accepted with min(1, p_i(x) / q(x)) after i rejections; else y ~ p_k."""
+        out: dict[int, float] = dict.fromkeys(order, 0.0)
+        left = 1.0
+        for i, c in enumerate(order):
+            accept = min(1.0, table.residuals[i][c] / table.draft[c])
+            out[c] += left * accept
+            left *= 1.0 - accept
+        if left > 0:
+            final = table.residuals[len(order)]
+            for c in out:
+                out[c] += left * final[c]
+        return out
+
+    def branching_rows(self, copies: int) -> int:
+        return copies + 1
+
     def solve(self, p, q, tokens, counts, generator) -> int:
         remaining = counts.to(p.dtype).clone()
         for _ in range(int(counts.sum())):
