@@ -21,7 +21,8 @@ Every policy implements ONE method, called by the decoding loop once per step::
 Porting a policy written against the old ``build(source, root_token, device)``: make ``context`` and ``generator``
 keyword-only, drop ``device`` (trees live on the host; ``context.device`` if a device is really needed), move
 sampled tokens / counts to the host before indexing the tree with them (``.cpu()``), and replace any
-``getattr(source, "greedy_chain")`` with the helpers below. Outside the loop (tests, trainers) call ``policy.build(source, root, context=StepContext(root))``.
+``getattr(source, "greedy_chain")`` with the helpers below. Outside the loop (tests, trainers) call
+``policy.build(source, root, context=StepContext(root))``.
 """
 
 from __future__ import annotations
