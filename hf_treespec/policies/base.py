@@ -129,7 +129,8 @@ class TreePolicy(ABC):
             source: the drafter seen through the target's logits processors (`DraftSource`).
             root_token: the step's root (the last committed token; ``context.root_token`` too).
             context: what the loop knows at the root (`StepContext`): device, context length, sampling settings,
-                the target's probabilities at the root's parent, plus whatever ``context_needs`` asked for. Callers outside the loop pass
+                the target's probabilities at the root's parent, plus whatever ``context_needs`` asked for.
+                Callers outside the loop pass
                 ``StepContext(root_token, device)``.
             generator: where random draws come from (torch's global RNG when None; a ``RandomSource`` in the
                 exact-enumeration tests). Deterministic policies ignore it.
@@ -168,7 +169,8 @@ def topk_children(
     source: DraftSource, tree: DraftTree, nodes: torch.Tensor, k: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(values, tokens)`` ``[len(nodes), <= k]``: each node's ``k`` most likely children under q, best first, -inf
-    where q has fewer tokens (`DraftTree.add_children` drops those). Sparse when the source declares ``topk_logprobs``."""
+    where q has fewer tokens (`DraftTree.add_children` drops those). Sparse when the source declares
+    ``topk_logprobs``."""
     if "topk_logprobs" in source.capabilities:
         return source.topk_logprobs(tree, nodes, k)
     logq = source.logprobs(tree, nodes)
