@@ -13,12 +13,16 @@ Every policy implements ONE method, called by the decoding loop once per step::
   ``context_needs`` (``frozenset({"target_hidden"})``, say). The loop never names a policy.
 * ``generator``: pass it to every random draw (`hf_treespec.randomness`) so the exact-enumeration tests can drive
   the policy; deterministic policies ignore it.
-* Build trees with ``DraftTree.root(root_token, device=context.device, regime=...)`` and the tree's ``add_*`` /
-  ``select`` methods; never loop over nodes in Python on the hot path.
+* Build trees with ``DraftTree.root(root_token, regime=...)`` and the tree's ``add_*`` / ``select`` methods. The
+  tree's structure is host bookkeeping (CPU tensors): ``add_children`` accepts the draft source's device tensors and
+  copies them over once per call, so index the tree with host tensors and keep per-node Python loops off the hot
+  path. ``context.device`` is where the models run (for a policy that makes device tensors of its own).
 
 Porting a policy written against the old ``build(source, root_token, device)``: make ``context`` and ``generator``
-keyword-only, read ``device`` from ``context.device``, and replace any ``getattr(source, "greedy_chain")`` with the
-helpers below. Outside the loop (tests, trainers) call ``policy.build(source, root, context=StepContext(root))``.
+keyword-only, drop ``device`` (trees live on the host; ``context.device`` if a device is really needed), move
+sampled tokens / counts to the host before indexing the tree with them (``.cpu()``), and replace any
+``getattr(source, "greedy_chain")`` with the helpers below. Outside the loop (tests, trainers) call
+``policy.build(source, root, context=StepContext(root))``.
 """
 
 from __future__ import annotations
@@ -146,8 +150,9 @@ class TreePolicy(ABC):
         Args:
             source: the drafter seen through the target's logits processors (`DraftSource`).
             root_token: the step's root (the last committed token; ``context.root_token`` too).
-            context: what the loop knows at the root (`StepContext`): ``context.device`` for the tree's tensors,
-                plus whatever ``context_needs`` asked for. Callers outside the loop pass
+            context: what the loop knows at the root (`StepContext`): device, context length, sampling settings,
+                the target's probabilities at the root's parent, plus whatever ``context_needs`` asked for.
+                Callers outside the loop pass
                 ``StepContext(root_token, device)``.
             generator: where random draws come from (torch's global RNG when None; a ``RandomSource`` in the
                 exact-enumeration tests). Deterministic policies ignore it.
@@ -186,7 +191,8 @@ def topk_children(
     source: DraftSource, tree: DraftTree, nodes: torch.Tensor, k: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(values, tokens)`` ``[len(nodes), <= k]``: each node's ``k`` most likely children under q, best first, -inf
-    where q has fewer tokens (`DraftTree.add_children` drops those). Sparse when the source declares ``topk_logprobs``."""
+    where q has fewer tokens (`DraftTree.add_children` drops those). Sparse when the source declares
+    ``topk_logprobs``."""
     if "topk_logprobs" in source.capabilities:
         return source.topk_logprobs(tree, nodes, k)
     logq = source.logprobs(tree, nodes)
