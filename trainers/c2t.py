@@ -16,7 +16,6 @@ are subsampled to ``negative_ratio`` per positive (negative sampling); the loss 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -33,6 +32,7 @@ from hf_treespec.step_context import StepContext
 from hf_treespec.policies.base import DraftSource
 from hf_treespec.tree import DraftTree
 
+from .small_model import SmallModelTrainerMixin
 from .nde_data import TargetOracle
 
 COLUMNS = ("features", "label", "rank", "depth", "expanded", "prompt", "position")
@@ -204,7 +204,7 @@ def collate(rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
             "labels": torch.tensor([r["label"] for r in rows], dtype=torch.float32)}
 
 
-class C2TTrainer(Trainer):
+class C2TTrainer(SmallModelTrainerMixin, Trainer):
     """Trains a :class:`~hf_treespec.policies.c2t.C2TClassifier` with BCE on (negative-sampled) labelled nodes.
 
     Fits the classifier's feature standardisation on the training rows first; ``save_model`` writes the classifier
@@ -232,16 +232,3 @@ class C2TTrainer(Trainer):
         loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, inputs["labels"])
         return (loss, {"logits": logits.detach()}) if return_outputs else loss
 
-    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
-        inputs = self._prepare_inputs(inputs)
-        with torch.no_grad():
-            loss = self.compute_loss(model, inputs)
-        return loss.detach(), None, None
-
-    def _save(self, output_dir: str | None = None, state_dict=None) -> None:
-        from transformers.trainer import TRAINING_ARGS_NAME
-
-        output_dir = output_dir or self.args.output_dir
-        os.makedirs(output_dir, exist_ok=True)
-        self.accelerator.unwrap_model(self.model).save_pretrained(output_dir)
-        torch.save(self.args, os.path.join(output_dir, TRAINING_ARGS_NAME))

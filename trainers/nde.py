@@ -20,7 +20,6 @@ by the gradient-accumulation steps.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +36,7 @@ from hf_treespec.policies.nde import (
 
 from .metrics import MetricsMixin
 from .nde_data import NDEData
+from .small_model import SmallModelTrainerMixin
 
 
 # ------------------------------------------------------------------------------------------------------ objective
@@ -158,7 +158,7 @@ def build_selector(data: NDEData, shared_dim: int = 64, dropout: float = 0.1, us
 
 
 # ------------------------------------------------------------------------------------------------------- trainer
-class NDETrainer(MetricsMixin, Trainer):
+class NDETrainer(MetricsMixin, SmallModelTrainerMixin, Trainer):
     """Trains a :class:`~hf_treespec.policies.nde.DelaySelector` on :class:`~.nde_data.NDEData`.
 
     On construction it fits the selector's feature standardisation on the training rows (unless already fitted),
@@ -221,17 +221,3 @@ class NDETrainer(MetricsMixin, Trainer):
         self.record(model, {key: (float(values.sum()), int(values.numel())) for key, values in stats.items()})
         return (loss, {"logits": logits.detach()}) if return_outputs else loss
 
-    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
-        inputs = self._prepare_inputs(inputs)
-        with torch.no_grad():
-            loss = self.compute_loss(model, inputs)
-        return loss.detach(), None, None
-
-    def _save(self, output_dir: str | None = None, state_dict=None) -> None:
-        """Checkpoints and the final output are selector folders (``tree_selector=`` loads them)."""
-        from transformers.trainer import TRAINING_ARGS_NAME
-
-        output_dir = output_dir or self.args.output_dir
-        os.makedirs(output_dir, exist_ok=True)
-        self.accelerator.unwrap_model(self.model).save_pretrained(output_dir)
-        torch.save(self.args, os.path.join(output_dir, TRAINING_ARGS_NAME))

@@ -126,6 +126,14 @@ class TreePolicy(ABC):
                     "with the best-first policies (salf, optimal, eagle2). Give a number."
                 )
             check_budget(budget)
+        for key in sorted(self.auto_only):
+            value = self.params.get(key)
+            if value is not None and not is_auto(value):
+                raise ValueError(
+                    f"tree_policy={self.name!r} takes {key} only as 'auto' (its shape is then chosen per step by "
+                    f"measured cost); its size comes from its other kwargs ({sorted(set(self.defaults) - {key})}), "
+                    f"got {key}={value!r}."
+                )
         depth = self.params.get("tree_depth")
         if depth is not None and int(depth) < 1:
             raise ValueError(f"tree_depth must be >= 1, got {depth}.")

@@ -15,7 +15,7 @@ import torch
 from ..randomness import Randomness, multinomial_counts
 from ..step_context import StepContext
 from ..tree import DraftTree, Regime
-from .auto import is_auto, sizer_from
+from .auto import sizer_from
 from .base import POLICIES, DraftSource, TreePolicy
 
 
@@ -93,12 +93,6 @@ class IIDPolicy(_SampledPathsPolicy):
     supports_auto = True
     auto_only = frozenset({"tree_budget"})
 
-    def validate(self) -> None:
-        super().validate()
-        budget = self.params.get("tree_budget")
-        if budget is not None and not is_auto(budget):
-            raise ValueError(f"tree_policy='iid' is sized by tree_paths / tree_depth; tree_budget takes only 'auto' "
-                             f"here (k and l are then chosen per step by measured cost), got {budget!r}.")
 
     def shape(self) -> tuple[int, int, int]:
         return 0, int(self.params["tree_paths"]), int(self.params["tree_depth"])

@@ -7,7 +7,7 @@ import torch
 from ..randomness import Randomness, without_replacement
 from ..step_context import StepContext
 from ..tree import DraftTree, Regime
-from .auto import is_auto, sizer_from
+from .auto import sizer_from
 from .base import POLICIES, DraftSource, TreePolicy
 
 
@@ -24,13 +24,6 @@ class SWORPolicy(TreePolicy):
     defaults = {"tree_topk": 4, "tree_depth": 5, "tree_budget": None}
     supports_auto = True
     auto_only = frozenset({"tree_budget"})
-
-    def validate(self) -> None:
-        super().validate()
-        budget = self.params.get("tree_budget")
-        if budget is not None and not is_auto(budget):
-            raise ValueError(f"tree_policy='swor' is sized by tree_topk / tree_depth; tree_budget takes only 'auto' "
-                             f"here (k and l are then chosen per step by measured cost), got {budget!r}.")
     regime = Regime.SWOR
     default_verifier = "swor"
 
