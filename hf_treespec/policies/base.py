@@ -130,7 +130,7 @@ class TreePolicy(ABC):
             value = self.params.get(key)
             if value is not None and not is_auto(value):
                 raise ValueError(
-                    f"tree_policy={self.name!r} takes {key} only as 'auto' (its shape is then chosen per step by "
+                    f"tree_policy={self.name!r} takes only 'auto' as {key} (its shape is then chosen per step by "
                     f"measured cost); its size comes from its other kwargs ({sorted(set(self.defaults) - {key})}), "
                     f"got {key}={value!r}."
                 )
