@@ -406,6 +406,7 @@ def test_real_model_quick_smoke(tmp_path):
     assert summary["settings"]["drafter_class"] == "TreeSpecDrafterModel"  # the shipped drafter is the default
 
 
+@LOOKUP_WITHOUT_EOS
 def test_cli_quick_style_run_with_auto_budget_cost_curve_and_hardware(tiny, questions_file, tmp_path, capsys,
                                                                        monkeypatch):
     """The main job's shape on the tiny model: headline rows, tree_budget=auto, cost curve and hardware in the report,
