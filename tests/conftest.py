@@ -74,3 +74,22 @@ def word_tokenizer() -> PreTrainedTokenizerFast:
 def prompt() -> torch.Tensor:
     torch.manual_seed(123)
     return torch.randint(0, VOCAB, (1, 12))
+
+
+def train_cli(target_dir, capsys):
+    """``run(*argv)``: ``hf-treespec train <argv> --target <target_dir> --no-progress`` in-process; asserts exit 0 and
+    returns the JSON summary the subcommand prints last."""
+    import argparse
+    import json
+
+    from hf_treespec.trainers.cli import add_parser
+
+    parser = argparse.ArgumentParser(prog="hf-treespec")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+
+    def run(*argv: str) -> dict:
+        args = parser.parse_args(["train", *argv, "--target", str(target_dir), "--no-progress"])
+        assert args.handler(args) == 0
+        return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+    return run

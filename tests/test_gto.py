@@ -13,6 +13,8 @@ import string
 import pytest
 import torch
 
+from conftest import train_cli
+
 from hf_treespec.policies.base import DraftSource
 from hf_treespec.step_context import StepContext
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
@@ -364,22 +366,14 @@ def test_gradient_accumulation_matches_the_full_batch(target, data, warm_state, 
 
 
 def test_cli_trains_and_resumes(target, tokenizer, tmp_path, capsys):
-    import argparse
     import json
 
-    from hf_treespec.trainers.cli import add_parser
 
     target.save_pretrained(tmp_path / "target")
     tokenizer.save_pretrained(tmp_path / "target")
     make_drafter(target, seed=2).save_pretrained(tmp_path / "init")
     (tmp_path / "convs.jsonl").write_text("\n".join(json.dumps(r) for r in conversations(4, seed=9)) + "\n")
-    parser = argparse.ArgumentParser(prog="hf-treespec")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-
-    def run(*argv: str) -> dict:
-        args = parser.parse_args(["train", *argv, "--target", str(tmp_path / "target"), "--no-progress"])
-        assert args.handler(args) == 0
-        return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    run = train_cli(tmp_path / "target", capsys)
 
     run("prepare", "--data-file", str(tmp_path / "convs.jsonl"), "--dtype", "fp32", "--tree-policy", "none",
         "--output", str(tmp_path / "data"))

@@ -8,6 +8,8 @@ import json
 import pytest
 import torch
 
+from conftest import train_cli
+
 from hf_treespec.trainers import load_prepared, prepare_dataset
 from hf_treespec.trainers.data import PrepareConfig
 from hf_treespec.trainers.regenerate import (
@@ -141,19 +143,11 @@ def test_eos_ends_answers_and_prepare_scores_them(target, tokenizer, tmp_path): 
 
 
 def test_cli_regenerate_then_prepare(target, tokenizer, tmp_path, capsys):  # noqa: F811
-    import argparse
 
-    from hf_treespec.trainers.cli import add_parser
 
     target.save_pretrained(tmp_path / "target")
     tokenizer.save_pretrained(tmp_path / "target")
-    parser = argparse.ArgumentParser(prog="hf-treespec")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-
-    def run(*argv: str) -> dict:
-        args = parser.parse_args(["train", *argv, "--target", str(tmp_path / "target"), "--no-progress"])
-        assert args.handler(args) == 0
-        return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    run = train_cli(tmp_path / "target", capsys)
 
     regen = ["regenerate", "--num-prompts", "3", "--max-prompt-tokens", "300", "--max-new-tokens", "4",
              "--dtype", "fp32", "--batch-size", "2", "--chunk-size", "2", "--output", str(tmp_path / "regen")]

@@ -13,6 +13,8 @@ from dataclasses import replace
 
 import pytest
 import torch
+
+from conftest import train_cli
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -339,20 +341,12 @@ def test_unroll_under_bf16_autocast(target, talf_data):
 
 
 def test_cli_prepare_train_evaluate(target, tokenizer, tmp_path, capsys):
-    import argparse
 
-    from hf_treespec.trainers.cli import add_parser
 
     target.save_pretrained(tmp_path / "target")
     tokenizer.save_pretrained(tmp_path / "target")
     (tmp_path / "convs.jsonl").write_text("\n".join(json.dumps(r) for r in conversations(6, seed=9)) + "\n")
-    parser = argparse.ArgumentParser(prog="hf-treespec")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-
-    def run(*argv: str) -> dict:
-        args = parser.parse_args(["train", *argv, "--target", str(tmp_path / "target"), "--no-progress"])
-        assert args.handler(args) == 0
-        return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    run = train_cli(tmp_path / "target", capsys)
 
     source = ["--data-file", str(tmp_path / "convs.jsonl"), "--dtype", "fp32", "--storage-dtype", "float32"]
     summary = run("prepare", *source, "--skip", "2", "--num-conversations", "4", "--tree-positions", "3",

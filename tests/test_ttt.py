@@ -4,7 +4,6 @@ through ``AutoModel`` and decodes losslessly with every tree policy."""
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
@@ -19,7 +18,7 @@ from hf_treespec.trainers import TALFCollator, TTTCollator, TreeLevels, load_pre
 from hf_treespec.trainers.data import PrepareConfig
 from hf_treespec.trainers.ttt import infer_input_mode, merge_levels, resolve_target_layers
 
-from conftest import tiny_llama
+from conftest import tiny_llama, train_cli
 from test_trainers import TREES, conversations, make_drafter, target, tokenizer  # noqa: F401  (module fixtures)
 
 torch.set_num_threads(1)
@@ -108,19 +107,12 @@ SMALL_TREES = {"chain": dict(tree_depth=4), "eagle2": dict(tree_budget=16, tree_
 
 def test_eagle3_ttt_drafter_round_trips_and_decodes_losslessly(tokenizer, tmp_path, capsys):  # noqa: F811
     """CLI: prepare --input-mode eagle3 (+ TALF trees) -> train ttt -> AutoModel -> greedy identity, every policy."""
-    from hf_treespec.trainers.cli import add_parser
 
     deep = tiny_llama(seed=5, layers=8)  # deep enough for EAGLE-3's three distinct default layers
     deep.save_pretrained(tmp_path / "target")
     tokenizer.save_pretrained(tmp_path / "target")
     (tmp_path / "convs.jsonl").write_text("\n".join(json.dumps(r) for r in conversations(6, seed=13)) + "\n")
-    parser = argparse.ArgumentParser(prog="hf-treespec")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-
-    def run(*argv: str) -> dict:
-        args = parser.parse_args(["train", *argv, "--target", str(tmp_path / "target"), "--no-progress"])
-        assert args.handler(args) == 0
-        return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    run = train_cli(tmp_path / "target", capsys)
 
     source = ["--data-file", str(tmp_path / "convs.jsonl"), "--dtype", "fp32", "--storage-dtype", "float32",
               "--input-mode", "eagle3"]
