@@ -206,3 +206,29 @@ def hf_treespec_drafter(model):
     from hf_treespec.drafters.base import as_drafter
 
     return as_drafter(model)
+
+
+def test_c2t_data_chunks_resume_and_a_truncated_chunk_is_named_and_redone(target, drafters, prompt, tmp_path):
+    """c2t-data writes resumable chunks: a rerun computes nothing when every chunk is finished, a truncated chunk is
+    refused with its name on read and redone (kept aside as *.corrupt) on the next run, other settings are refused."""
+    from hf_treespec.trainers.c2t import C2TDataConfig, generate_c2t_data, load_c2t_data
+    from hf_treespec.trainers.chunks import CorruptChunkError
+
+    config = C2TDataConfig(tree_topk=2, tree_depth=2, max_new_tokens=6, root_every=3)
+    drafter = hf_treespec_drafter(drafters["perturbed"])
+    prompts = [prompt, prompt[:, :-1], prompt[:, 1:]]
+    first = generate_c2t_data(target, drafter, prompts, config, tmp_path, chunk_size=2, progress=False)
+    assert sorted(p.name for p in tmp_path.glob("chunk-*")) == ["chunk-00000.jsonl", "chunk-00001.jsonl"]
+    assert sorted(set(first["prompt"])) == [0, 1, 2]
+    stamps = {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("chunk-*")}
+    again = generate_c2t_data(target, drafter, prompts, config, tmp_path, chunk_size=2, progress=False)
+    assert {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("chunk-*")} == stamps and again[:] == first[:]
+    bad = tmp_path / "chunk-00001.jsonl"
+    bad.write_bytes(bad.read_bytes()[:-30])
+    with pytest.raises(CorruptChunkError, match="chunk-00001.jsonl is truncated.*train c2t-data"):
+        load_c2t_data(tmp_path)
+    redone = generate_c2t_data(target, drafter, prompts, config, tmp_path, chunk_size=2, progress=False)
+    assert redone[:] == first[:] and (tmp_path / "chunk-00001.jsonl.corrupt").is_file()
+    with pytest.raises(ValueError, match="different settings"):
+        generate_c2t_data(target, drafter, prompts, C2TDataConfig(tree_topk=3, tree_depth=2, max_new_tokens=6,
+                                                                  root_every=3), tmp_path, chunk_size=2)

@@ -290,6 +290,46 @@ def test_export_eagle3_layout_and_round_trip(target, tmp_path):
         assert torch.allclose(back(ids, states).logits, drafter(ids, states).logits, atol=1e-6)
 
 
+def _speculators():
+    """speculators' EAGLE-3 converter and draft model, or a skip that says why they cannot be used here."""
+    try:
+        from speculators.convert.eagle.eagle3_converter import Eagle3Converter
+        from speculators.models.eagle3 import Eagle3DraftModel
+    except ImportError as error:  # setup.sh installs it (--no-deps: it pins an older transformers and CUDA extras)
+        pytest.skip(f"speculators cannot be imported here ({error}); setup.sh installs it with its light dependencies")
+    return Eagle3Converter, Eagle3DraftModel
+
+
+def test_export_loads_in_speculators_with_equal_logits(target, tmp_path):
+    """export-eagle3 -> speculators' own EAGLE-3 converter -> speculators' Eagle3DraftModel: same layer ids, same
+    draft-vocabulary logits as our drafter on the same tokens and fused target features (one step, no unroll)."""
+    Eagle3Converter, Eagle3DraftModel = _speculators()
+    drafter = eagle3_drafter(target)
+    target.save_pretrained(tmp_path / "target")
+    folder = to_eagle3(drafter, tmp_path / "export")
+    layer_ids = json.loads((folder / "config.json").read_text())["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    Eagle3Converter().convert(folder, tmp_path / "speculators", base_model=str(tmp_path / "target"), validate=False,
+                              eagle_aux_hidden_state_layer_ids=layer_ids)
+    theirs = Eagle3DraftModel.from_pretrained(tmp_path / "speculators", attn_implementation="eager").eval()
+    assert theirs.config.eagle_aux_hidden_state_layer_ids == layer_ids
+    assert theirs.config.draft_vocab_size == DRAFT_VOCAB and torch.equal(theirs.d2t + torch.arange(DRAFT_VOCAB),
+                                                                          drafter.d2t)
+    length = 9
+    ids, states = torch.randint(0, VOCAB, (1, length)), torch.randn(1, length, 3 * HIDDEN)
+    logits = []
+    hook = theirs.lm_head.register_forward_hook(lambda module, inputs, output: logits.append(output))
+    with torch.no_grad():
+        theirs(hidden_states=states, input_ids=ids, document_ids=torch.zeros(1, length, dtype=torch.long),
+               position_ids=torch.arange(length)[None], ttt_steps=1)
+        ours = drafter(ids, states).logits
+    hook.remove()
+    assert logits[0].shape == ours.shape == (1, length, DRAFT_VOCAB)
+    assert torch.allclose(logits[0], ours, atol=1e-5)
+    drafter.lm_head.weight.data[0, 0] += 1.0  # the comparison can fail: a changed weight changes our logits
+    with torch.no_grad():
+        assert not torch.allclose(logits[0], drafter(ids, states).logits, atol=1e-5)
+
+
 def test_export_with_shared_target_modules(target, tmp_path):
     drafter = eagle3_drafter(target).tie_to_target(target, embeddings=True, lm_head=True)
     folder = to_eagle3(drafter, tmp_path / "shared")

@@ -16,7 +16,9 @@ are subsampled to ``negative_ratio`` per positive (negative sampling); the loss 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Sequence
 
 import torch
@@ -32,6 +34,7 @@ from hf_treespec.step_context import StepContext
 from hf_treespec.policies.base import DraftSource
 from hf_treespec.tree import DraftTree
 
+from .chunks import ChunkFolder, batched, write_chunk
 from .small_model import SmallModelTrainerMixin
 from .nde_data import TargetOracle
 
@@ -142,16 +145,51 @@ class _null:
         return False
 
 
+DATA_CONFIG_FILE = "c2t_data_config.json"
+DATA_COMMAND = "train c2t-data"
+
+
+def _data_folder(path) -> ChunkFolder:
+    return ChunkFolder(Path(path), DATA_COMMAND, DATA_CONFIG_FILE)
+
+
 def generate_c2t_data(model, drafter_model, prompts: Sequence[torch.Tensor], config: C2TDataConfig,
-                      progress: bool = True):
-    """A ``datasets.Dataset`` of labelled tree nodes (columns :data:`COLUMNS`) for ``prompts`` (``[1, L]`` ids)."""
-    from datasets import Dataset
+                      output_dir: str | os.PathLike, *, chunk_size: int = 10,
+                      settings: dict[str, Any] | None = None, progress: bool = True):
+    """Labelled tree nodes (columns :data:`COLUMNS`) of ``prompts`` (``[1, L]`` ids), written to ``output_dir`` in
+    resumable chunks of ``chunk_size`` prompts (a rerun skips finished chunks and redoes corrupt ones; ``settings``
+    are saved beside ``config`` and must match on a rerun). Returns the whole folder as a ``datasets.Dataset``."""
     from tqdm.auto import tqdm
 
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}.")
+    folder = _data_folder(output_dir)
+    folder.check_or_write_config({**asdict(config), "chunk_size": chunk_size, **(settings or {})})
     drafter = as_drafter(drafter_model)
-    rows: list[dict[str, Any]] = []
-    for i, prompt in enumerate(tqdm(prompts, desc="c2t-data", unit="prompt", disable=not progress)):
-        rows += prompt_rows(model, drafter, prompt, config, i)
+    bar = tqdm(total=len(prompts), desc="c2t-data", unit="prompt", disable=not progress)
+    try:
+        for index, chunk in enumerate(batched(prompts, chunk_size)):
+            path = folder.chunk_path(index)
+            if folder.finished_prompts(path) == len(chunk):
+                bar.update(len(chunk))
+                continue
+            if path.is_file() and (message := folder.set_aside(path)):
+                tqdm.write(message)
+            rows = []
+            for offset, prompt in enumerate(chunk):
+                rows += prompt_rows(model, drafter, prompt, config, index * chunk_size + offset)
+                bar.update(1)
+            write_chunk(path, rows, index, len(chunk))
+    finally:
+        bar.close()
+    return load_c2t_data(output_dir)
+
+
+def load_c2t_data(path: str | os.PathLike):
+    """A ``c2t-data`` folder as one ``datasets.Dataset`` (every chunk validated; a bad one is named)."""
+    from datasets import Dataset
+
+    rows = list(_data_folder(path).iter_records())
     return Dataset.from_dict({c: [r[c] for r in rows] for c in COLUMNS})
 
 

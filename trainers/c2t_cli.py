@@ -22,7 +22,8 @@ def add_c2t_commands(commands, common, threads) -> None:
     p.add_argument("--tree-depth", type=int, default=5)
     p.add_argument("--max-new-tokens", type=int, default=64, help="greedy trajectory length per prompt")
     p.add_argument("--root-every", type=int, default=16, help="a tree root every N generated tokens")
-    p.add_argument("--output", default="runs/c2t/data")
+    p.add_argument("--chunk-size", type=int, default=10, help="prompts per resumable chunk file")
+    p.add_argument("--output", default="runs/c2t/data", help="output folder (rerun the same command to resume)")
     p.set_defaults(handler=lambda args: run_c2t_data(args, threads))
 
     p = commands.add_parser("c2t", help="train the C2T confidence classifier (tree_policy='c2t') on c2t-data",
@@ -77,8 +78,10 @@ def run_c2t_data(args, threads) -> int:
                            root_every=args.root_every)
     start = time.perf_counter()
     prompts = _prompts(args, tokenizer)
-    data = generate_c2t_data(model, drafter, prompts, config, progress=not args.no_progress)
-    data.save_to_disk(args.output)
+    settings = {"target": args.target, "drafter": args.drafter, "dtype": args.dtype, "skip": args.skip,
+                "max_prompt_length": args.max_prompt_length}
+    data = generate_c2t_data(model, drafter, prompts, config, args.output, chunk_size=args.chunk_size,
+                             settings=settings, progress=not args.no_progress)
     summary = {"output": args.output, "prompts": len(prompts), "nodes": len(data), "positives": int(sum(data["label"])),
                "rank_acceptance": [round(a, 4) for a in rank_acceptance(data)],
                "seconds": round(time.perf_counter() - start, 1), "config": vars(config)}
@@ -88,14 +91,12 @@ def run_c2t_data(args, threads) -> int:
 
 
 def run_c2t(args, threads) -> int:
-    from datasets import load_from_disk
-
     from hf_treespec.policies.c2t import C2TClassifier, C2TClassifierConfig
 
-    from .c2t import C2TConfig, C2TTrainer
+    from .c2t import C2TConfig, C2TTrainer, load_c2t_data
 
     threads(args)
-    data = load_from_disk(args.data)
+    data = load_c2t_data(args.data)
     prompts = sorted(set(data["prompt"]))
     held = set(prompts[: int(round(args.eval_fraction * len(prompts)))])
     train = data.filter(lambda row: row["prompt"] not in held)
@@ -134,13 +135,11 @@ def held_out_metrics(model, evaluation) -> dict:
 
 
 def run_static_shape(args) -> int:
-    from datasets import load_from_disk
-
     from hf_treespec.policies.static import choose_shape, expected_accepted, sequoia_shape
 
-    from .c2t import rank_acceptance
+    from .c2t import load_c2t_data, rank_acceptance
 
-    acceptance = rank_acceptance(load_from_disk(args.data))
+    acceptance = rank_acceptance(load_c2t_data(args.data))
     if args.cost:
         points = sorted((int(n), float(s)) for n, s in (item.split(":") for item in args.cost.split(",")))
 

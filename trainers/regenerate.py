@@ -34,16 +34,14 @@ from typing import Any, Iterable, Iterator, Mapping
 import torch
 from tqdm.auto import tqdm
 
+from .chunks import CHUNK_PREFIX, ChunkFolder, CorruptChunkError, batched, read_chunk_with_footer, write_chunk
+
+__all__ = ["CHUNK_PREFIX", "CONFIG_FILE", "CorruptChunkError", "RegenerateConfig", "first_turn_prompts",
+           "iter_regenerated", "read_chunk", "regenerate"]
+
 CONFIG_FILE = "regenerate_config.json"
-CHUNK_PREFIX = "chunk-"
-CHUNK_SUFFIX = ".jsonl"
-FOOTER_KEY = "chunk_footer"
 #: ``--dtype`` -> torch dtype of the target
 DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
-
-class CorruptChunkError(ValueError):
-    """A chunk file that is not a complete ``regenerate`` chunk (the message names the file and the fix)."""
 
 
 @dataclass
@@ -125,60 +123,20 @@ def first_turn_prompts(tokenizer, records: Iterable[Mapping[str, Any]], max_prom
 
 
 # ------------------------------------------------------------------------------------------------------ chunks
+COMMAND = "train regenerate"
+
+
+def _folder(output_dir: Path) -> ChunkFolder:
+    return ChunkFolder(Path(output_dir), COMMAND, CONFIG_FILE)
+
+
 def chunk_path(output_dir: Path, index: int) -> Path:
-    return output_dir / f"{CHUNK_PREFIX}{index:05d}{CHUNK_SUFFIX}"
+    return _folder(output_dir).chunk_path(index)
 
 
 def read_chunk(path: str | os.PathLike) -> list[dict[str, Any]]:
     """The answer records of a finished chunk file; a CorruptChunkError naming the file when it is not complete."""
-    return _read_chunk(Path(path))[0]
-
-
-def _read_chunk(path: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """(records, footer) of a chunk file, or a CorruptChunkError naming it."""
-    fix = (f"rerun `hf-treespec train regenerate` with the same --output ({path.parent}) to redo it; finished "
-           "chunks are kept")
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as error:
-        raise CorruptChunkError(f"chunk file {path} is not UTF-8 text ({error}); {fix}.") from None
-    records = []
-    for number, line in enumerate(lines, start=1):
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as error:
-            raise CorruptChunkError(f"chunk file {path} is truncated or corrupt: line {number} is not JSON "
-                                    f"({error.msg}); {fix}.") from None
-    footer = records.pop()[FOOTER_KEY] if records and isinstance(records[-1], dict) and FOOTER_KEY in records[-1] \
-        else None
-    if footer is None:
-        raise CorruptChunkError(f"chunk file {path} is truncated: its footer line is missing; {fix}.")
-    if footer.get("records") != len(records):
-        raise CorruptChunkError(f"chunk file {path} is truncated or corrupt: its footer counts {footer.get('records')}"
-                                f" records, the file holds {len(records)}; {fix}.")
-    return records, footer
-
-
-def _chunk_prompts(path: Path) -> int | None:
-    """Prompts a valid finished chunk covers; None when the chunk is missing or invalid."""
-    if not path.is_file():
-        return None
-    try:
-        return _read_chunk(path)[1].get("prompts")
-    except CorruptChunkError:
-        return None
-
-
-def _write_chunk(path: Path, records: list[dict[str, Any]], index: int, prompts: int) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    footer = {FOOTER_KEY: {"index": index, "prompts": prompts, "records": len(records)}}
-    with tmp.open("w", encoding="utf-8") as handle:
-        for record in records:
-            handle.write(json.dumps(record) + "\n")
-        handle.write(json.dumps(footer) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    return read_chunk_with_footer(Path(path), COMMAND)[0]
 
 
 def iter_regenerated(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
@@ -187,13 +145,7 @@ def iter_regenerated(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
     if path.is_file():
         yield from read_chunk(path)
         return
-    if not (path / CONFIG_FILE).is_file():
-        raise FileNotFoundError(f"{path} is not a `train regenerate` folder (no {CONFIG_FILE}).")
-    chunks = sorted(path.glob(f"{CHUNK_PREFIX}*{CHUNK_SUFFIX}"))
-    if not chunks:
-        raise ValueError(f"{path} holds no finished chunks yet; run `hf-treespec train regenerate` first.")
-    for chunk in chunks:
-        yield from read_chunk(chunk)
+    yield from _folder(path).iter_records()
 
 
 # -------------------------------------------------------------------------------------------------- regenerate
@@ -226,9 +178,8 @@ def regenerate(
     """Writes the target's answers to the first ``num_prompts`` prompts (all with None) into ``output_dir`` in
     resumable chunks (see the module docstring) and returns what was done."""
     config = config or RegenerateConfig()
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    _check_or_write_config(output_dir, config)
+    folder = _folder(Path(output_dir))
+    folder.check_or_write_config(asdict(config))
     eos = _eos_ids(model, tokenizer)
     pad = _pad_id(model, tokenizer, eos)
     selected = prompts if num_prompts is None else itertools.islice(prompts, num_prompts)
@@ -236,51 +187,21 @@ def regenerate(
     stats = RegenerateStats()
     bar = tqdm(total=total, desc="regenerate", unit="answer", disable=not progress)
     try:
-        for index, chunk in enumerate(_batched(selected, config.chunk_size)):
-            path = chunk_path(output_dir, index)
-            if _chunk_prompts(path) == len(chunk):
+        for index, chunk in enumerate(batched(selected, config.chunk_size)):
+            path = folder.chunk_path(index)
+            if folder.finished_prompts(path) == len(chunk):
                 stats.skipped += 1
                 bar.update(len(chunk) * len(config.temperatures))
                 continue
-            if path.is_file():
-                _set_aside(path, len(chunk), stats)
+            if path.is_file() and (message := folder.set_aside(path)):
+                stats.redone.append(path.name)
+                tqdm.write(message)
             records = _answer_chunk(model, chunk, index, config, eos, pad, stats, bar)
-            _write_chunk(path, records, index, len(chunk))
+            write_chunk(path, records, index, len(chunk))
             stats.written += 1
     finally:
         bar.close()
     return stats
-
-
-def _set_aside(path: Path, prompts: int, stats: RegenerateStats) -> None:
-    """A chunk that must be redone: a corrupt one is kept as ``*.corrupt`` (never silently deleted); a valid one cut
-    short by an earlier, smaller --num-prompts is simply replaced."""
-    try:
-        read_chunk(path)
-    except CorruptChunkError as error:
-        aside = path.with_name(path.name + ".corrupt")
-        os.replace(path, aside)
-        stats.redone.append(path.name)
-        tqdm.write(f"{error} -- redoing it now (the bad file is kept as {aside.name}).")
-
-
-def _batched(iterable, size: int):
-    iterator = iter(iterable)
-    while chunk := list(itertools.islice(iterator, size)):
-        yield chunk
-
-
-def _check_or_write_config(output_dir: Path, config: RegenerateConfig) -> None:
-    path = output_dir / CONFIG_FILE
-    current = json.loads(json.dumps(asdict(config)))
-    if path.is_file():
-        saved = json.loads(path.read_text())
-        if saved != current:
-            diff = {k: (saved.get(k), v) for k, v in current.items() if saved.get(k) != v}
-            raise ValueError(f"{output_dir} was regenerated with different settings {diff} (saved, now); use another "
-                             "--output or the same settings to resume.")
-        return
-    path.write_text(json.dumps(current, indent=2) + "\n")
 
 
 def _eos_ids(model, tokenizer) -> list[int]:
