@@ -46,7 +46,7 @@ for MODE in fc eagle3; do
             done
             OUT="$RUNS/curve/$SOURCE-$MODE-n$N"
             $HF train ttt --data "$DATA" --input-mode $MODE --ttt-steps 7 --epochs "$EPOCHS" --batch-size 4 \
-                --draft-vocab-size 8192 --save-steps 200 --resume --threads "$THREADS" --output-dir "$OUT"
+                --draft-vocab-size 8192 --save-strategy steps --save-steps 200 --resume --threads "$THREADS" --output-dir "$OUT"
             [ -f "$OUT/acceptance.json" ] || $HF train evaluate --data "$RUNS/data/dev-$MODE" --drafter "$OUT" \
                 --threads "$THREADS" --output "$OUT/acceptance.json"
             [ -f "$OUT/bench/table.md" ] || $HF bench --drafter "$OUT" --methods plain,tree:salf --num-questions 40 \

@@ -51,7 +51,7 @@ fi
 if run train; then
     $HF train ttt --data "$RUNS/data/regen-e3" --eval-data "$RUNS/data/dev-e3" --input-mode eagle3 \
         --ttt-steps 7 --epochs 10 --batch-size "$TRAIN_BATCH" --draft-vocab-size 8192 --precision "$PRECISION" \
-        --save-steps 500 --resume $THREADS_OPT --output-dir "$RUNS/ttt-e3"
+        --save-strategy steps --save-steps 500 --resume $THREADS_OPT --output-dir "$RUNS/ttt-e3"
 fi
 
 # 4. held-out acceptance per depth (chain tau) and SALF on MT-bench first turns (40 questions, 128 tokens),

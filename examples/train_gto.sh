@@ -17,9 +17,9 @@ hf-treespec train prepare --split train --num-conversations "${CONVERSATIONS:-40
 # 2. GTO from the shipped drafter (its frozen copy is the reference)
 if [[ "${SMALL:-0}" == "1" ]]; then
     hf-treespec train gto --data "$RUNS/data/gto-train" --output-dir "$RUNS/gto" --max-steps 100 \
-        --lr 2e-5 --warmup 10 --num-groups 2 --group-size 4 --tree-budget 24 --tree-depth 5 --save-steps 20 --resume
+        --lr 2e-5 --warmup 10 --num-groups 2 --group-size 4 --tree-budget 24 --tree-depth 5 --save-strategy steps --save-steps 20 --resume
 else
-    hf-treespec train gto --data "$RUNS/data/gto-train" --output-dir "$RUNS/gto" --epochs 5 --save-steps 500 --resume
+    hf-treespec train gto --data "$RUNS/data/gto-train" --output-dir "$RUNS/gto" --epochs 5 --save-strategy steps --save-steps 500 --resume
 fi
 
 # 3. ablations (aggregation of the sequence acceptance lengths; no debiasing)

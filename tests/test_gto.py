@@ -368,7 +368,6 @@ def test_gradient_accumulation_matches_the_full_batch(target, data, warm_state, 
 def test_cli_trains_and_resumes(target, tokenizer, tmp_path, capsys):
     import json
 
-
     target.save_pretrained(tmp_path / "target")
     tokenizer.save_pretrained(tmp_path / "target")
     make_drafter(target, seed=2).save_pretrained(tmp_path / "init")
@@ -378,11 +377,11 @@ def test_cli_trains_and_resumes(target, tokenizer, tmp_path, capsys):
     run("prepare", "--data-file", str(tmp_path / "convs.jsonl"), "--dtype", "fp32", "--tree-policy", "none",
         "--output", str(tmp_path / "data"))
     common = ["gto", "--data", str(tmp_path / "data"), "--init", str(tmp_path / "init"), "--output-dir",
-              str(tmp_path / "gto"), "--batch-size", "2", "--grad-accum", "1", "--save-steps", "1", "--lr", "1e-3",
+              str(tmp_path / "gto"), "--batch-size", "2", "--grad-accum", "1", "--save-strategy", "steps", "--save-steps", "1", "--lr", "1e-3",
               "--warmup", "0", "--num-groups", "2", "--group-size", "3", "--tree-topk", "3", "--tree-budget", "6",
               "--tree-depth", "3", "--logging-steps", "1"]
     first = run(*common, "--max-steps", "1")
-    assert first["steps"] == 1 and "reward" in first["last_log"]
+    assert first["steps"] == 1 and "reward" in first["last_log"] and (tmp_path / "gto" / "checkpoint-1").is_dir()
     resumed = run(*common, "--max-steps", "2", "--resume")
     assert resumed["steps"] == 2 and (tmp_path / "gto" / "checkpoint-2").is_dir()
     saved = TreeSpecDrafterModel.from_pretrained(tmp_path / "gto")

@@ -9,9 +9,12 @@ import pytest
 
 from hf_treespec.trainers import TRAINERS
 from hf_treespec.trainers.cli import SUBCOMMANDS, add_parser, config_from_args, subcommand
+from hf_treespec.trainers.c2t import C2TConfig
+from hf_treespec.trainers.gto import GTOConfig
 from hf_treespec.trainers.nde import NDEConfig
 
-CONFIGS = {**{name: cls.config_class for name, cls in TRAINERS.items()}, "nde": NDEConfig}
+CONFIGS = {**{name: cls.config_class for name, cls in TRAINERS.items()}, "nde": NDEConfig, "gto": GTOConfig,
+           "c2t": C2TConfig}
 
 
 def parse(*argv: str) -> argparse.Namespace:

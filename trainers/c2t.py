@@ -228,7 +228,10 @@ class C2TConfig(TrainingArguments):
     weight_decay: float = field(default=0.0, metadata={"help": "weight decay"})
     remove_unused_columns: bool = field(default=False, metadata={"help": "the collator reads named columns"})
     prediction_loss_only: bool = field(default=True, metadata={"help": "evaluation reports the loss"})
-    report_to: Any = field(default="none", metadata={"help": "experiment trackers"})
+    report_to: None | str | list[str] = field(default="none", metadata={"help": "experiment trackers"})
+    save_strategy: str = field(default="no", metadata={"help": "the classifier is saved once, at the end"})
+    logging_steps: float = field(default=50, metadata={"help": "log every N steps"})
+    disable_tqdm: bool | None = field(default=True, metadata={"help": "no progress bar (a run takes seconds)"})
     seed_negatives: int = field(default=0, metadata={"help": "seed of the negative sampling"})
 
     def __post_init__(self):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -26,19 +27,13 @@ def add_c2t_commands(commands, common, threads) -> None:
     p.add_argument("--output", default="runs/c2t/data", help="output folder (rerun the same command to resume)")
     p.set_defaults(handler=lambda args: run_c2t_data(args, threads))
 
-    p = commands.add_parser("c2t", help="train the C2T confidence classifier (tree_policy='c2t') on c2t-data",
-                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--data", required=True, help="c2t-data folder")
-    p.add_argument("--output-dir", default="runs/c2t", help="the classifier folder (-> c2t_classifier=)")
-    p.add_argument("--hidden-size", type=int, default=48)
-    p.add_argument("--negative-ratio", type=float, default=4.0, help="negatives kept per positive")
-    p.add_argument("--epochs", type=float, default=10.0)
-    p.add_argument("--lr", type=float, default=1e-2)
-    p.add_argument("--batch-size", type=int, default=1024)
-    p.add_argument("--eval-fraction", type=float, default=0.05, help="held-out share of the trees (by prompt)")
-    p.add_argument("--seed", type=int, default=0)
-    p.set_defaults(handler=lambda args: run_c2t(args, threads))
+    from .c2t import C2TConfig
+    from .cli import _add_short_flags, add_config_command
+
+    parser = add_config_command(commands, "c2t", [C2TConfig, C2TRunArguments], lambda args: run_c2t(args, threads),
+                                help="train the C2T confidence classifier (tree_policy='c2t') on c2t-data",
+                                output_dir="runs/c2t")
+    _add_short_flags(parser)
 
     p = commands.add_parser("static-shape", help="Sequoia's optimal static tree (tree_shape=) from the per-rank "
                                                  "acceptance measured in c2t-data",
@@ -90,10 +85,21 @@ def run_c2t_data(args, threads) -> int:
     return 0
 
 
+@dataclass
+class C2TRunArguments:
+    """What ``hf-treespec train c2t`` needs besides ``C2TConfig``."""
+
+    data: str = field(metadata={"help": "c2t-data folder"})
+    hidden_size: int = field(default=48, metadata={"help": "hidden width of the 2-layer classifier"})
+    eval_fraction: float = field(default=0.05, metadata={"help": "held-out share of the trees (by prompt)"})
+    threads: int | None = field(default=None, metadata={"help": "torch.set_num_threads (default: torch's)"})
+
+
 def run_c2t(args, threads) -> int:
     from hf_treespec.policies.c2t import C2TClassifier, C2TClassifierConfig
 
     from .c2t import C2TConfig, C2TTrainer, load_c2t_data
+    from .cli import config_from_args
 
     threads(args)
     data = load_c2t_data(args.data)
@@ -102,10 +108,7 @@ def run_c2t(args, threads) -> int:
     train = data.filter(lambda row: row["prompt"] not in held)
     evaluation = data.filter(lambda row: row["prompt"] in held) if held else None
     model = C2TClassifier(C2TClassifierConfig(hidden_size=args.hidden_size))
-    training_args = C2TConfig(output_dir=args.output_dir, num_train_epochs=args.epochs, learning_rate=args.lr,
-                              per_device_train_batch_size=args.batch_size, negative_ratio=args.negative_ratio,
-                              seed=args.seed, use_cpu=True, save_strategy="no", logging_steps=50,
-                              disable_tqdm=True)
+    training_args = config_from_args(C2TConfig, args)
     trainer = C2TTrainer(model, training_args, train_dataset=train, eval_dataset=evaluation)
     start = time.perf_counter()
     result = trainer.train()

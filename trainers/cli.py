@@ -18,7 +18,7 @@
     hf-treespec train c2t      --data runs/c2t/data --output-dir runs/c2t                # -> c2t_classifier=
     hf-treespec train static-shape --data runs/c2t/data --budget 60                      # -> tree_shape=
 
-The options of ``eagle`` / ``hass`` / ``talf`` / ``nde`` are generated from their config dataclasses (every
+The options of ``eagle`` / ``hass`` / ``talf`` / ``ttt`` / ``gto`` / ``nde`` / ``c2t`` are generated from their config dataclasses (every
 ``TrainingArguments`` field included), whose defaults are the only ones; every subcommand also takes
 ``--config run.yaml`` (option names as keys; flags given on the command line win). A new subcommand is one function
 decorated with ``@subcommand("name")``.
@@ -239,6 +239,13 @@ def _disk_mb(path: Path) -> float:
 
 
 # ------------------------------------------------------------------------------------------------------- train
+def resume_field():
+    """``--resume [FOLDER]``: a checkpoint folder, or bare / ``last`` for the last checkpoint in --output-dir."""
+    return field(default=None, metadata={
+        "help": "resume from a checkpoint folder, or the last one in --output-dir (bare --resume or 'last')",
+        "nargs": "?", "const": "last"})
+
+
 @dataclass
 class DrafterRunArguments:
     """What ``hf-treespec train eagle|hass|talf|ttt`` needs besides the objective's ``TrainingArguments``."""
@@ -257,8 +264,7 @@ class DrafterRunArguments:
     precision: str = field(default="auto", metadata={
         "help": "auto: bf16 autocast where supported (CPUs with avx512_bf16, recent GPUs)",
         "choices": ["auto", "bf16", "fp32"]})
-    resume: str | None = field(default=None, metadata={
-        "help": "resume from a checkpoint folder, or 'last' (the last one in --output-dir)"})
+    resume: str | None = resume_field()
     threads: int | None = field(default=None, metadata={"help": "torch.set_num_threads (default: torch's)"})
     no_progress: bool = field(default=False, metadata={"help": "hide progress bars"})
 
@@ -546,8 +552,7 @@ class NDERunArguments:
     no_hidden: bool = field(default=False, metadata={"help": "scalar features only (no target hidden state)"})
     latency_features: bool = field(default=False, metadata={
         "help": "also feed the measured draft / target latencies (useful when --data mixes machines)"})
-    resume: str | None = field(default=None, metadata={
-        "help": "resume from a checkpoint folder, or 'last' (the last one in --output-dir)"})
+    resume: str | None = resume_field()
     threads: int | None = field(default=None, metadata={"help": "torch.set_num_threads (default: torch's)"})
     no_progress: bool = field(default=False, metadata={"help": "hide progress bars"})
 
