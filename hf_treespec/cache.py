@@ -142,8 +142,9 @@ class TreeKV:
         num_cached = int((rows >= 0).sum())
         if not bool((rows[:num_cached] >= 0).all()):
             raise RuntimeError("fed nodes of an accepted path must form a prefix of it")
-        if self._row_uids.numel():
-            keep_rows(self.cache, self.committed, rows[:num_cached])
+        fed = int(self._row_uids.numel())
+        if fed and not (num_cached == fed and bool(torch.equal(rows[:num_cached], torch.arange(fed)))):
+            keep_rows(self.cache, self.committed, rows[:num_cached])  # else every fed row is kept where it is
         self.committed += num_cached
         self.pending = torch.cat([self.pending, tree.tokens[accepted[num_cached:]]])
         self._row_uids = self._row_uids[:0]

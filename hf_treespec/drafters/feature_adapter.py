@@ -97,8 +97,14 @@ class FeatureDrafter(Drafter):
         return states.to(self._device)
 
     def _set_root(self, raw: torch.Tensor) -> None:
+        # projected only when the next step drafts: a draft-free step (auto sizing) never pays for it
         self._root_raw = raw
-        self._root_feature = self.model.project_features(raw[None])[0]
+        self._root_feature: torch.Tensor | None = None
+
+    def _root_input(self) -> torch.Tensor:
+        if self._root_feature is None:
+            self._root_feature = self.model.project_features(self._root_raw[None])[0]
+        return self._root_feature
 
     def _reset_nodes(self) -> None:
         # which uids hold an output feature: host bookkeeping, so checking a parent never waits for the device
@@ -149,7 +155,7 @@ class FeatureDrafter(Drafter):
         # one host-to-device copy for the forward's inputs and the feature-table indices
         ids, positions, mask, is_root, parent_uids, node_uids = kv.inputs_for(
             tree, nodes, self._dtype, device=self._device, extra=(is_root, parent_uids, node_uids))
-        node_features = torch.where(is_root[:, None], self._root_feature, self._node_features[parent_uids])
+        node_features = torch.where(is_root[:, None], self._root_input(), self._node_features[parent_uids])
         if num_pending:
             node_features = torch.cat([self.model.project_features(self._pending_raw), node_features])
         out = self.model(
