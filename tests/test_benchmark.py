@@ -206,6 +206,9 @@ def test_method_specific_override_wins_over_group(questions_file):
     assert methods["tree:eagle2"].overrides == {"tree_budget": 16}
     assert methods["plain"].overrides == {}
     assert [parse_value(v) for v in ("16", "0.5", "true", "none", "nss")] == [16, 0.5, True, None, "nss"]
+    assert parse_value("[[0], [1], [0, 0]]") == [[0], [1], [0, 0]]  # a tree_shape
+    with pytest.raises(ValueError, match="JSON list"):
+        parse_value("[[0], [1]")
 
 
 def test_method_name_carries_its_own_settings():

@@ -11,6 +11,7 @@ of the same method against one plain baseline; the whole name is the variant's l
 from __future__ import annotations
 
 import copy
+import json
 import re
 import time
 from contextlib import contextmanager
@@ -276,8 +277,14 @@ class Override:
 
 
 def parse_value(text: str) -> Any:
-    """``16`` -> 16, ``0.5`` -> 0.5, ``true`` / ``false`` / ``none`` -> bool / None, anything else stays a string."""
+    """``16`` -> 16, ``0.5`` -> 0.5, ``true`` / ``false`` / ``none`` -> bool / None, ``[[0], [1]]`` (JSON list, e.g.
+    a ``tree_shape``) -> list, anything else stays a string."""
     lowered = text.strip().lower()
+    if lowered.startswith("["):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{text!r} starts like a JSON list but does not parse ({error.msg}).") from None
     if lowered in ("true", "false"):
         return lowered == "true"
     if lowered in ("none", "null"):
