@@ -7,18 +7,15 @@ template renders ``U+text/`` for user turns and ``A+text/`` for assistant turns 
 from __future__ import annotations
 
 import math
-import random
-import string
 
 import pytest
 import torch
 
 from conftest import train_cli
+from test_trainers import conversations, target, tokenizer  # noqa: F401  (the tiny target of test_trainers)
 
 from hf_treespec.policies.base import DraftSource
 from hf_treespec.step_context import StepContext
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from hf_treespec.drafters import TreeSpecDrafterConfig, TreeSpecDrafterModel
 from hf_treespec.policies import POLICIES
@@ -42,47 +39,7 @@ from hf_treespec.trainers.unroll import unroll
 
 torch.set_num_threads(1)
 
-VOCAB = 64
-CHARS = (string.ascii_letters + string.digits + "+/")[:VOCAB]
-TEMPLATE = ("{% for m in messages %}{{ m['role'][0] | upper }}+{{ m['content'] }}/{% endfor %}"
-            "{% if add_generation_prompt %}A+{% endif %}")
 SMALL_TREES = dict(tree_topk=3, tree_budget=8, tree_depth=3, num_groups=2, group_size=3)
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> PreTrainedTokenizerFast:
-    tok = Tokenizer(models.WordLevel(vocab={c: i for i, c in enumerate(CHARS)}, unk_token="a"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    out = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="a", pad_token="a")
-    out.chat_template = TEMPLATE
-    return out
-
-
-@pytest.fixture(scope="module")
-def target() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         bos_token_id=None, eos_token_id=None, pad_token_id=None, tie_word_embeddings=False)
-    model = LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(12.0)
-    return model
-
-
-def conversations(count: int, seed: int = 0) -> list[dict]:
-    rng = random.Random(seed)
-    letters = string.ascii_lowercase
-    records = []
-    for i in range(count):
-        turns = []
-        for _ in range(rng.randint(1, 2)):
-            turns.append({"from": "human", "value": "".join(rng.choice(letters) for _ in range(rng.randint(3, 6)))})
-            word = "".join(rng.choice(letters) for _ in range(3))
-            turns.append({"from": "gpt", "value": (word * 8)[: rng.randint(12, 20)]})
-        records.append({"id": f"c{i}", "conversations": turns})
-    return records
 
 
 def make_drafter(target, seed: int = 0) -> TreeSpecDrafterModel:

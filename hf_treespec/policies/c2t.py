@@ -14,8 +14,7 @@ beside the drafter in ``c2t/`` (like ``delay_selector/``); ``c2t_classifier`` ov
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -24,12 +23,11 @@ from torch import nn
 
 from ..tree import DraftTree
 from .base import POLICIES, TreePolicy
+from .helper_model import HelperModelMixin
 
 if TYPE_CHECKING:
     from ..drafters.base import Drafter
 
-CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
 CLASSIFIER_TYPE = "treespec_c2t_classifier"
 #: subfolder of a drafter checkpoint holding the classifier trained for that drafter (used when c2t_classifier unset)
 CLASSIFIER_SUBFOLDER = "c2t"
@@ -75,8 +73,14 @@ class C2TClassifierConfig:
             raise ValueError(f"not a C2T classifier config (classifier_type={self.classifier_type!r}).")
 
 
-class C2TClassifier(nn.Module):
+class C2TClassifier(HelperModelMixin, nn.Module):
     """Two-layer FFN (Linear -> ReLU -> Linear) over standardised features; ``confidence`` applies the sigmoid."""
+
+    config_class = C2TClassifierConfig
+    type_field = "classifier_type"
+    type_tag = CLASSIFIER_TYPE
+    kind = "C2T classifier"
+    how_to_train = HOW_TO_TRAIN
 
     def __init__(self, config: C2TClassifierConfig | None = None):
         super().__init__()
@@ -100,33 +104,6 @@ class C2TClassifier(nn.Module):
         self.feature_mean.copy_(features.float().mean(0))
         self.feature_std.copy_(features.float().std(0).clamp(min=min_std))
         self.config.standardised = True
-
-    def save_pretrained(self, folder: str | Path) -> None:
-        from safetensors.torch import save_file
-
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        config = asdict(self.config)
-        config["features"] = list(config["features"])
-        (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
-        state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
-        save_file(state, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
-
-    @classmethod
-    def from_pretrained(cls, folder: str | Path, device: torch.device | str | None = None) -> "C2TClassifier":
-        from safetensors.torch import load_file
-
-        folder = Path(folder)
-        if not (folder / CONFIG_NAME).is_file() or not (folder / WEIGHTS_NAME).is_file():
-            raise ValueError(f"{folder} is not a C2T classifier folder (needs {CONFIG_NAME} and {WEIGHTS_NAME}). "
-                             + HOW_TO_TRAIN)
-        config = json.loads((folder / CONFIG_NAME).read_text())
-        if config.get("classifier_type") != CLASSIFIER_TYPE:
-            raise ValueError(f"{folder / CONFIG_NAME} does not describe a C2T classifier (classifier_type="
-                             f"{config.get('classifier_type')!r}). " + HOW_TO_TRAIN)
-        model = cls(C2TClassifierConfig(**config))
-        model.load_state_dict(load_file(str(folder / WEIGHTS_NAME)))
-        return model.to(device).eval() if device is not None else model.eval()
 
 
 def load_classifier(classifier: Any) -> C2TClassifier:

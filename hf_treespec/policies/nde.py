@@ -22,9 +22,8 @@ would differ between training data and decoding.
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from itertools import product
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Iterable, NamedTuple
@@ -35,14 +34,13 @@ from torch import nn
 from ..randomness import Randomness
 from ..tree import DraftTree, Regime
 from .base import POLICIES, DraftSource, TreePolicy
+from .helper_model import HelperModelMixin
 from ..step_context import StepContext
 from .iid import grow_iid
 
 if TYPE_CHECKING:
     from ..drafters.base import Drafter
 
-CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
 SELECTOR_TYPE = "treespec_delay_selector"
 #: subfolder of a drafter checkpoint holding the selector trained for that drafter (used when tree_selector is unset)
 SELECTOR_SUBFOLDER = "delay_selector"
@@ -190,13 +188,19 @@ class DelaySelectorConfig:
             raise ValueError(f"not a delay selector config (selector_type={self.selector_type!r}).")
 
 
-class DelaySelector(nn.Module):
+class DelaySelector(HelperModelMixin, nn.Module):
     """Categorical policy over delayed-expansion actions (Appendix E, Equation 10).
 
     Every hidden-state input is standardised per dimension (statistics of the training data, stored as buffers),
     projected to ``shared_dim`` and layer-normalised; the scalar features are standardised and clipped; everything
     is concatenated into a two-hidden-layer GELU MLP (with dropout) that outputs one logit per action.
     """
+
+    config_class = DelaySelectorConfig
+    type_field = "selector_type"
+    type_tag = SELECTOR_TYPE
+    kind = "delay selector"
+    how_to_train = HOW_TO_TRAIN
 
     def __init__(self, config: DelaySelectorConfig):
         super().__init__()
@@ -268,33 +272,6 @@ class DelaySelector(nn.Module):
         """The action of highest probability for one root (``scalars`` ``[S]``, hidden inputs ``[H]``)."""
         logits = self(scalars[None], **{k: v[None] for k, v in hidden.items()})
         return self.actions[int(logits[0].argmax())]
-
-    # ------------------------------------------------------------------------------------------ save / load
-    def save_pretrained(self, folder: str | Path) -> None:
-        """Writes ``config.json`` and ``model.safetensors`` (weights and standardisation statistics)."""
-        from safetensors.torch import save_file
-
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / CONFIG_NAME).write_text(json.dumps(asdict(self.config), indent=2) + "\n")
-        state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
-        save_file(state, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
-
-    @classmethod
-    def from_pretrained(cls, folder: str | Path, device: torch.device | str | None = None) -> "DelaySelector":
-        from safetensors.torch import load_file
-
-        folder = Path(folder)
-        if not (folder / CONFIG_NAME).is_file() or not (folder / WEIGHTS_NAME).is_file():
-            raise ValueError(f"{folder} is not a delay selector folder (needs {CONFIG_NAME} and {WEIGHTS_NAME}). "
-                             + HOW_TO_TRAIN)
-        config = json.loads((folder / CONFIG_NAME).read_text())
-        if config.get("selector_type") != SELECTOR_TYPE:
-            raise ValueError(f"{folder / CONFIG_NAME} does not describe a delay selector (selector_type="
-                             f"{config.get('selector_type')!r}). " + HOW_TO_TRAIN)
-        selector = cls(DelaySelectorConfig(**config))
-        selector.load_state_dict(load_file(str(folder / WEIGHTS_NAME)))
-        return selector.to(device).eval() if device is not None else selector.eval()
 
 
 # ------------------------------------------------------------------------------------------------------ policy
