@@ -15,7 +15,6 @@ beside the drafter in ``c2t/`` (like ``delay_selector/``); ``c2t_classifier`` ov
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -108,12 +107,7 @@ class C2TClassifier(HelperModelMixin, nn.Module):
 
 def load_classifier(classifier: Any) -> C2TClassifier:
     """A :class:`C2TClassifier` from the ``c2t_classifier`` generate kwarg (a folder or a classifier)."""
-    if isinstance(classifier, C2TClassifier):
-        return classifier.eval()
-    if isinstance(classifier, (str, Path)):
-        return C2TClassifier.from_pretrained(classifier)
-    raise TypeError(f"c2t_classifier must be a C2T classifier folder or a C2TClassifier, got "
-                    f"{type(classifier).__name__}.")
+    return C2TClassifier.resolve(classifier, "c2t_classifier")
 
 
 @POLICIES.register("c2t")

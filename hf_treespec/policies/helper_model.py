@@ -52,3 +52,12 @@ class HelperModelMixin:
         model = cls(cls.config_class(**config))
         model.load_state_dict(load_file(str(folder / WEIGHTS_NAME)))
         return model.to(device).eval() if device is not None else model.eval()
+
+    @classmethod
+    def resolve(cls, value, kwarg: str):
+        """The network a generate kwarg names: an instance (used as is, in eval mode) or its folder."""
+        if isinstance(value, cls):
+            return value.eval()
+        if isinstance(value, (str, Path)):
+            return cls.from_pretrained(value)
+        raise TypeError(f"{kwarg} must be a {cls.kind} folder or a {cls.__name__}, got {type(value).__name__}.")

@@ -25,7 +25,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from itertools import product
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Iterable, NamedTuple
 
 import torch
@@ -303,12 +302,7 @@ def grow_delayed(
 
 def load_selector(selector: Any) -> DelaySelector:
     """A :class:`DelaySelector` from the ``tree_selector`` generate kwarg (a folder or a selector)."""
-    if isinstance(selector, DelaySelector):
-        return selector.eval()
-    if isinstance(selector, (str, Path)):
-        return DelaySelector.from_pretrained(selector)
-    raise TypeError(f"tree_selector must be a delay selector folder or a DelaySelector, got "
-                     f"{type(selector).__name__}.")
+    return DelaySelector.resolve(selector, "tree_selector")
 
 
 @POLICIES.register("nde")
