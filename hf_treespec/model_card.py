@@ -16,7 +16,7 @@ from huggingface_hub import ModelCard, ModelCardData
 
 TEMPLATE_NAME = "drafter_card.md"
 TAGS = ["hf-treespec", "speculative-decoding", "tree-speculation", "eagle", "draft-model"]
-#: what a card must say about a bundled delay selector (``make_card(delay_selector=...)``)
+#: what a card must say about a bundled helper network (``make_card(delay_selector=..., c2t_classifier=...)``)
 SELECTOR_FIELDS = ("data", "objective", "results")
 
 
@@ -73,6 +73,7 @@ def make_card(
     model_name: str | None = None,
     num_parameters: int | None = None,
     delay_selector: Mapping[str, str] | None = None,
+    c2t_classifier: Mapping[str, str] | None = None,
 ) -> ModelCard:
     """A Hub model card for a TreeSpec drafter.
 
@@ -88,13 +89,15 @@ def make_card(
         delay_selector: describes the NDE delay selector shipped in the drafter's ``delay_selector/`` folder (what
             ``tree_policy="nde"`` uses by default): ``data``, ``objective`` and ``results`` (measured, with their
             setting), optionally ``command``. Without it the card has no selector section.
+        c2t_classifier: the same for the C2T classifier shipped in ``c2t/`` (what ``tree_policy="c2t"`` uses).
     """
     if draft_vocab_size != drafter_config.draft_vocab_size:
         raise ValueError(f"draft_vocab_size={draft_vocab_size} but the drafter config has "
                          f"{drafter_config.draft_vocab_size}.")
     if not command.strip():
         raise ValueError("command must be the command line that produced the results.")
-    _check_delay_selector(delay_selector)
+    _check_helper("delay_selector", delay_selector)
+    _check_helper("c2t_classifier", c2t_classifier)
     datasets = [data] if isinstance(data, str) else list(data)
     model_name = model_name or repo_id or f"TreeSpec drafter for {base_model}"
     card_data = ModelCardData(
@@ -129,6 +132,7 @@ def make_card(
         command=command.strip(),
         on_hub=repo_id is not None,
         delay_selector=None if delay_selector is None else {"command": None, **delay_selector},
+        c2t_classifier=None if c2t_classifier is None else {"command": None, **c2t_classifier},
     )
     template = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True).from_string(
         template_path().read_text(encoding="utf-8")
@@ -137,12 +141,12 @@ def make_card(
 
 
 
-def _check_delay_selector(description: Mapping[str, str] | None) -> None:
-    """The selector section is published only with its data, objective and measured results."""
+def _check_helper(name: str, description: Mapping[str, str] | None) -> None:
+    """A helper network's section is published only with its data, objective and measured results."""
     if description is None:
         return
     missing = [k for k in SELECTOR_FIELDS if not str(description.get(k) or "").strip()]
     unknown = sorted(set(description) - {*SELECTOR_FIELDS, "command"})
     if missing or unknown:
-        raise ValueError(f"delay_selector must give non-empty {list(SELECTOR_FIELDS)} (and optionally 'command'); "
+        raise ValueError(f"{name} must give non-empty {list(SELECTOR_FIELDS)} (and optionally 'command'); "
                          f"missing {missing}, unknown {unknown}.")

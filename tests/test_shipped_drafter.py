@@ -80,6 +80,28 @@ def test_card_selector_section_is_optional_and_checked():
         make_card(config, delay_selector={"data": "d", "objective": "o"}, **common)
 
 
+def test_card_c2t_section_is_optional_and_checked():
+    config = AutoConfig.from_pretrained(shipped_drafter_path())
+    common = dict(base_model="HuggingFaceTB/SmolLM2-135M-Instruct", data="d", objective="o",
+                  draft_vocab_size=config.draft_vocab_size, results={"tau": 2.0}, command="c")
+    assert "Confidence classifier" not in make_card(config, **common).content
+    described = {"data": "125 prompts", "objective": "BCE", "results": "tau 1.5", "command": "hf-treespec train c2t"}
+    card = make_card(config, c2t_classifier=described, **common).content
+    section = card[card.index("## Confidence classifier"):]
+    assert 'tree_policy="c2t"' in section and "125 prompts" in section and "hf-treespec train c2t" in section
+    with pytest.raises(ValueError, match="c2t_classifier must give"):
+        make_card(config, c2t_classifier={"data": "d"}, **common)
+
+
+def test_shipped_c2t_classifier_loads():
+    from hf_treespec.policies.c2t import CLASSIFIER_SUBFOLDER, C2TClassifier
+
+    classifier = C2TClassifier.from_pretrained(shipped_drafter_path() / CLASSIFIER_SUBFOLDER)
+    assert classifier.config.standardised
+    confidence = classifier.confidence(torch.tensor([[0.9, 0.5, 1.0], [0.001, 6.0, 5.0]]))
+    assert confidence[0] > confidence[1]  # a likely shallow node is trusted more than an unlikely deep one
+
+
 def test_unknown_target_has_no_shipped_drafter():
     with pytest.raises(ValueError, match="no drafter ships"):
         shipped_drafter_path("llama-70b")
