@@ -31,7 +31,7 @@ COST_RATE = 0.1
 #: interval doubles after every probe slower than a draft-free step (up to MAX_REPROBE_EVERY), so a drafter that never
 #: pays costs next to nothing
 REPROBE_EVERY = 16
-MAX_REPROBE_EVERY = 256
+MAX_REPROBE_EVERY = 1024
 
 
 def _interp(x: float, xs: list[float], ys: list[float]) -> float:

@@ -14,7 +14,8 @@ node acceptance probabilities) in ``e * t_draft + c(n + 1)`` seconds. The policy
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -52,12 +53,18 @@ class TreeSizer:
     context: int
     max_nodes: int = AUTO_MAX_NODES
     expansions: int = 0
-    _costs: torch.Tensor = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._costs = self.speed.curve.costs(self.max_nodes + LOOKAHEAD + 2, self.context)
-        self.t_draft = float(self.speed.draft_seconds(self.context))
         self.mode = self.speed.step_mode(self.context)
+
+    # read lazily: a step the speed model skips (no tree pays) never interpolates the cost curve
+    @cached_property
+    def _costs(self) -> torch.Tensor:
+        return self.speed.curve.costs(self.max_nodes + LOOKAHEAD + 2, self.context)
+
+    @cached_property
+    def t_draft(self) -> float:
+        return float(self.speed.draft_seconds(self.context))
 
     def cost(self, rows: int) -> float:
         return float(self._costs[min(rows, self._costs.numel()) - 1])
