@@ -49,7 +49,7 @@ def keep_rows(cache: DynamicCache, start: int, rows: torch.Tensor) -> None:
 
     Only the kept tree rows are moved (written right after the prefix); the rest is cut with a view, as
     ``DynamicCache.crop`` does, so a step costs O(accepted rows), not a copy of the whole cache. A chain whose
-    accepted rows already follow the prefix moves nothing.
+    accepted rows already follow the prefix moves nothing, and a layer that holds exactly the kept rows is untouched.
     """
     rows = rows.cpu()
     count = int(rows.numel())
@@ -62,6 +62,8 @@ def keep_rows(cache: DynamicCache, start: int, rows: torch.Tensor) -> None:
             )
         if layer.keys is None or layer.keys.numel() == 0:
             continue
+        if in_place and layer.keys.shape[-2] == start + count:
+            continue  # every row is kept where it is: nothing to move or cut (a draft-free step)
         if not in_place:
             source = (start + rows).to(layer.keys.device)
             layer.keys[..., start : start + count, :] = layer.keys.index_select(-2, source)
@@ -142,9 +144,8 @@ class TreeKV:
         num_cached = int((rows >= 0).sum())
         if not bool((rows[:num_cached] >= 0).all()):
             raise RuntimeError("fed nodes of an accepted path must form a prefix of it")
-        fed = int(self._row_uids.numel())
-        if fed and not (num_cached == fed and bool(torch.equal(rows[:num_cached], torch.arange(fed)))):
-            keep_rows(self.cache, self.committed, rows[:num_cached])  # else every fed row is kept where it is
+        if self._row_uids.numel():
+            keep_rows(self.cache, self.committed, rows[:num_cached])
         self.committed += num_cached
         self.pending = torch.cat([self.pending, tree.tokens[accepted[num_cached:]]])
         self._row_uids = self._row_uids[:0]

@@ -17,7 +17,7 @@ from huggingface_hub import ModelCard, ModelCardData
 TEMPLATE_NAME = "drafter_card.md"
 TAGS = ["hf-treespec", "speculative-decoding", "tree-speculation", "eagle", "draft-model"]
 #: what a card must say about a bundled helper network (``make_card(delay_selector=..., c2t_classifier=...)``)
-SELECTOR_FIELDS = ("data", "objective", "results")
+HELPER_FIELDS = ("data", "objective", "results")
 
 
 def template_path() -> Path:
@@ -145,8 +145,8 @@ def _check_helper(name: str, description: Mapping[str, str] | None) -> None:
     """A helper network's section is published only with its data, objective and measured results."""
     if description is None:
         return
-    missing = [k for k in SELECTOR_FIELDS if not str(description.get(k) or "").strip()]
-    unknown = sorted(set(description) - {*SELECTOR_FIELDS, "command"})
+    missing = [k for k in HELPER_FIELDS if not str(description.get(k) or "").strip()]
+    unknown = sorted(set(description) - {*HELPER_FIELDS, "command"})
     if missing or unknown:
-        raise ValueError(f"{name} must give non-empty {list(SELECTOR_FIELDS)} (and optionally 'command'); "
+        raise ValueError(f"{name} must give non-empty {list(HELPER_FIELDS)} (and optionally 'command'); "
                          f"missing {missing}, unknown {unknown}.")

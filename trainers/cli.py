@@ -18,8 +18,8 @@
     hf-treespec train c2t      --data runs/c2t/data --output-dir runs/c2t                # -> c2t_classifier=
     hf-treespec train static-shape --data runs/c2t/data --budget 60                      # -> tree_shape=
 
-The options of ``eagle`` / ``hass`` / ``talf`` / ``ttt`` / ``gto`` / ``nde`` / ``c2t`` are generated from their config dataclasses (every
-``TrainingArguments`` field included), whose defaults are the only ones; every subcommand also takes
+The options of ``eagle`` / ``hass`` / ``talf`` / ``ttt`` / ``gto`` / ``nde`` / ``c2t`` are generated from their config
+dataclasses (every ``TrainingArguments`` field included), whose defaults are the only ones; every subcommand also takes
 ``--config run.yaml`` (option names as keys; flags given on the command line win). A new subcommand is one function
 decorated with ``@subcommand("name")``.
 """
