@@ -92,6 +92,18 @@ class TreeKV:
         """Position id of the tree root (= number of committed tokens before it)."""
         return self.committed + int(self.pending.numel())
 
+    @property
+    def holds_only_committed(self) -> bool:
+        """Whether the cache holds exactly the committed tokens (no tree rows, nothing pending): the next token can
+        then be fed with plain causal attention, as ``generate`` feeds it."""
+        return not self.pending.numel() and not self._row_uids.numel()
+
+    def append_committed(self, count: int) -> None:
+        """Records ``count`` committed tokens appended to the cache by a plain causal forward."""
+        if not self.holds_only_committed:
+            raise RuntimeError("a plain causal forward needs a cache of committed rows only (no tree rows / pending)")
+        self.committed += count
+
     def _row_index(self, tree: DraftTree) -> torch.Tensor:
         """Current tree index of every tree row's node, -1 where that node was pruned away."""
         lookup = torch.full((tree.next_uid,), -1, dtype=torch.long)

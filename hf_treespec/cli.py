@@ -52,7 +52,8 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="comma list; plain always runs as the baseline (default: all that can run): "
                              + ", ".join(available_methods())
                              + ". A method may carry its own generate kwargs after '@' (they win over --set) and is "
-                             "then a row of its own, named as written: tree:iid@verifier=specinfer@tree_paths=4")
+                             "then a row of its own, named as written: tree:iid@verifier=specinfer@tree_paths=4; "
+                             "@drafter=<checkpoint> gives a row its own drafter (tree:salf@drafter=runs/gto)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="METHOD.KEY=VALUE",
                         help="generate kwarg for one method and its @ variants (salf.tree_budget=16), for one variant "
                              "by its full name (tree:iid@tree_paths=4.tree_depth=2), for every tree method whose "

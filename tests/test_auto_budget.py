@@ -207,10 +207,18 @@ def test_greedy_auto_identical_to_plain(target, drafters, prompt, policy, curve_
         monkeypatch.setattr("hf_treespec.latency.load_or_calibrate",
                             lambda m, cache_dir=None: CostCurve.from_json(pinned.to_json()))
     plain = model.generate(prompt, do_sample=False, max_new_tokens=40)
-    out = model.generate(prompt, assistant_model=drafters["perturbed"], tree_policy=policy, tree_budget="auto",
-                         do_sample=False, max_new_tokens=40, return_dict_in_generate=True)
+    masks = []  # the attention_mask of every target forward: None for a draft-free step, like plain generate's
+    hook = model.register_forward_pre_hook(lambda m, args, kwargs: masks.append(kwargs.get("attention_mask")),
+                                           with_kwargs=True)
+    try:
+        out = model.generate(prompt, assistant_model=drafters["perturbed"], tree_policy=policy, tree_budget="auto",
+                             do_sample=False, max_new_tokens=40, return_dict_in_generate=True)
+    finally:
+        hook.remove()
     assert torch.equal(out.sequences, plain)
     assert out.drafted_steps == sum(s > 0 for s in out.tree_sizes)
+    step_masks = masks[-len(out.tree_sizes):]  # one forward per step, after calibration (measured) and prefill
+    assert [m is None for m in step_masks] == [s == 0 for s in out.tree_sizes]
     if curve_kind == "steep":
         # no tree pays: all steps but the periodic probes run without drafts
         assert out.drafted_steps <= len(out.tree_sizes) // 8 + 1
@@ -245,3 +253,23 @@ def test_hardware_from_cpuinfo(tmp_path):
     assert Hardware("cuda", "H100").fast_dtype == torch.bfloat16
     assert "AMD EPYC 7B13" in Hardware("cpu", name, flags, 2).describe()
     assert detect("cpu").device_type == "cpu"
+
+
+def test_draft_free_steps_then_drafting_with_a_feature_drafter(target, prompt, tmp_path, monkeypatch):
+    """A feature drafter that sat through many draft-free steps (its pending chain of target features kept as
+    chunks) drafts again at the periodic probe, and greedy output stays identical to plain generate (the drafter's
+    logits after draft-free commits are checked exactly in test_feature_drafter)."""
+    from test_feature_drafter import make_drafter, permuted_vocab
+
+    monkeypatch.setenv("HF_TREESPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr("hf_treespec.latency.load_or_calibrate",
+                        lambda m, cache_dir=None: CostCurve.from_json(STEEP.to_json()))
+    drafter = make_drafter(target, seed=2, target_layers=[0, 2, 3], draft_vocab_size=40)
+    drafter.set_draft_vocab(permuted_vocab(40))
+    plain = target.generate(prompt, do_sample=False, max_new_tokens=48)
+    out = target.generate(prompt, assistant_model=drafter, tree_policy="salf", tree_budget="auto",
+                          do_sample=False, max_new_tokens=48, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, plain)
+    sizes = out.tree_sizes
+    assert 1 <= out.drafted_steps < len(sizes)  # a probe: a drafted step after a run of draft-free ones
+    assert any(sizes[i] > 0 and sizes[i - 1] == 0 for i in range(1, len(sizes)))

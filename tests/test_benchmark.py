@@ -12,7 +12,7 @@ from transformers import PreTrainedTokenizerFast
 
 import hf_treespec
 from hf_treespec.benchmark import BenchmarkConfig, available_methods, run_benchmark, write_report
-from hf_treespec.benchmark.methods import build_method, parse_override, parse_sweep, parse_value
+from hf_treespec.benchmark.methods import TreeMethod, build_method, parse_override, parse_sweep, parse_value
 from hf_treespec.benchmark.runner import DRAFTER_FACTORIES, divergence, load_drafter, plan_methods
 from hf_treespec.cli import bench_config, build_parser, main
 
@@ -308,6 +308,32 @@ def test_variants_run_as_rows_of_their_own(tiny, questions_file, tmp_path):
     assert all(s.identical == 2 for name, s in summaries.items() if name != "plain")
     table = (write_report(result, tmp_path / "variants") / "table.md").read_text()
     assert "| tree:iid@tree_paths=2@tree_depth=3 |" in table and "| 3 | tree:salf@salf_threshold=0.5 |" in table
+
+
+def test_a_row_with_its_own_drafter(tiny, questions_file, monkeypatch):
+    """``@drafter=`` loads that row's drafter once and runs the row with it (truncated:1 drafts from a one-layer
+    self-drafter, so its draft time differs from the run's two-layer one); the setting never reaches generate."""
+    model, tokenizer, drafter = tiny
+    method = build_method("tree:chain@drafter=truncated:1")
+    assert method.drafter_spec == "truncated:1" and "drafter" not in method.generate_overrides
+    cfg = config(questions_file, methods=["tree:chain", "tree:chain@drafter=truncated:1"], max_new_tokens=8)
+    seen = []
+    original = TreeMethod.run
+
+    def spy(self, model_, prompt, drafter_, **kwargs):
+        seen.append((self.name, drafter_))
+        return original(self, model_, prompt, drafter_, **kwargs)
+
+    monkeypatch.setattr(TreeMethod, "run", spy)
+    result = run_benchmark(cfg, model=model, tokenizer=tokenizer, drafter=drafter)
+    own = {id(d) for name, d in seen if name == "tree:chain@drafter=truncated:1"}
+    assert {id(d) for name, d in seen if name == "tree:chain"} == {id(drafter)}
+    assert len(own) == 1 and own != {id(drafter)}
+    assert next(d for name, d in seen if name != "tree:chain").config.num_hidden_layers == 1
+    assert result.settings["method_drafters"] == {"tree:chain@drafter=truncated:1": "truncated:1"}
+    assert all(s.identical == 2 for s in result.summaries() if s.method != "plain")
+    with pytest.raises(ValueError, match="plain uses no drafter"):
+        build_method("plain@drafter=truncated:1")
 
 
 def test_drafter_factories_get_the_target_name(tiny):

@@ -297,6 +297,12 @@ def test_expand_with_cache_equals_from_scratch_paths(target, overrides):
     logits = expand_and_check(tree, [1])
     tree = grow(tree, [1], logits, 1)
     commit(tree, [0, 1, 2])
+
+    # steps 4-6: draft-free (tree_budget="auto" skipped the drafter): root-only trees committed, never expanded
+    for token in (5, 9, 2):
+        commit(DraftTree.root(token), [0])
+
+    # step 7 drafts on top of the committed chain and the three unfed roots
     tree = DraftTree.root(17)
     logits = expand_and_check(tree, [0])
     tree = grow(tree, [0], logits, 4)

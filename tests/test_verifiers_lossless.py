@@ -365,3 +365,22 @@ def test_monte_carlo_lossless(problem, verifier):
     expected = want[cells] * runs
     stat = float(((counts[cells] - expected) ** 2 / expected).sum())
     assert chi2.sf(stat, int(cells.sum()) - 1) > 1e-6, stat
+
+
+@pytest.mark.parametrize("verifier", sorted(VERIFIERS.names()))
+def test_target_choice_is_the_root_only_verification(verifier):
+    """A draft-free step skips verification and asks the verifier for the target's own choice: exactly what
+    verifying a root-only tree gives (the argmax at T=0, else a draw from the target distribution)."""
+    cls = VERIFIERS.get(verifier)
+    logits = torch.tensor([[0.3, -1.0, 1.2, 0.1, float("-inf")]], dtype=torch.float32)
+    tree = DraftTree.root(2)
+    if not cls.sampling:
+        assert cls().target_choice(logits[0]) == cls().verify(tree, logits).next_token == 2
+        return
+    law = enumerate_outcomes(lambda source: cls().target_choice(logits[0], source))
+    target = logits[0].double().softmax(-1)
+    assert set(law) == {0, 1, 2, 3}
+    for token, prob in law.items():
+        assert prob == pytest.approx(float(target[token]), abs=1e-6)
+    if not cls.chain_only and not cls.needs_draft_probs:
+        assert enumerate_outcomes(lambda source: cls().verify(tree, logits, source).next_token) == pytest.approx(law)

@@ -32,6 +32,9 @@ VARIANT_SEP = "@"
 #: the papers' policies first, in the order a reader compares them; any other registered policy follows
 PREFERRED_POLICY_ORDER = ("chain", "eagle2", "optimal", "salf")
 PEER_ORDER = ("plain", "assisted_lookup", "assisted_drafter")
+#: a method setting (``tree:salf@drafter=runs/gto``) that runs that method with its own drafter (loaded like
+#: ``--drafter``) instead of the run's, so two drafters are compared against one plain baseline in one run
+DRAFTER_SETTING = "drafter"
 #: assistant-side settings that transformers reads from ``assistant_model.generation_config``, not generate kwargs
 ASSISTANT_CONFIG_KEYS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
 
@@ -71,6 +74,9 @@ class BenchMethod:
         self.overrides = dict(overrides or {})
         # an instance attribute: the method registry sets a class attribute ``name`` on registered classes
         self.name = self.label if sweep is None else f"{self.label}{VARIANT_SEP}{sweep[0]}={sweep[1]}"
+        if DRAFTER_SETTING in self.settings and not self.needs_drafter:
+            raise ValueError(f"method {self.label!r}: {self.base_name} uses no drafter, so it takes no "
+                             f"{VARIANT_SEP}{DRAFTER_SETTING}=...; only tree:<policy> and assisted_drafter do.")
         refused = [key for key, value in self.settings.items() if not self.accepts(key, value)]
         if refused:
             taken = [key for key in TREE_GENERATION_KWARGS if self.accepts(key)]
@@ -82,10 +88,16 @@ class BenchMethod:
     @property
     def generate_overrides(self) -> dict[str, Any]:
         """This method's own generate kwargs: ``--set`` values, then the name's settings, then the sweep value."""
-        kwargs = {**self.overrides, **self.settings}
+        kwargs = {**self.overrides, **{k: v for k, v in self.settings.items() if k != DRAFTER_SETTING}}
         if self.sweep is not None:
             kwargs[self.sweep[0]] = self.sweep[1]
         return kwargs
+
+    @property
+    def drafter_spec(self) -> str | None:
+        """The ``@drafter=...`` of this method's name (None: the run's ``--drafter``)."""
+        spec = self.settings.get(DRAFTER_SETTING)
+        return None if spec is None else str(spec)
 
     def accepts(self, key: str, value: Any = "auto") -> bool:
         """Whether a group override, a sweep or a ``@key=value`` setting of ``key`` (to ``value``) applies here."""

@@ -324,14 +324,16 @@ def run_benchmark(
     questions, prompts = fitting_prompts(questions, prompts, config.max_prompt_tokens, config.num_questions)
     methods, variants = plan_methods(config)
     gen_kwargs = shared_generate_kwargs(config, model, tokenizer)
+    drafters = method_drafters(methods, drafter, model, config)
 
     with torch_threads(config.threads), ForwardCounter(model) as counter:
         curve = _cost_curve(model) if config.cost_curve else None
-        methods, skipped = _warm_up(config, methods, model, drafter, prompts[0], gen_kwargs)
-        runs = _timed_runs(config, methods, model, drafter, prompts, gen_kwargs, counter)
+        methods, skipped = _warm_up(config, methods, model, drafters, prompts[0], gen_kwargs)
+        runs = _timed_runs(config, methods, model, drafters, prompts, gen_kwargs, counter)
         records = _records(config, methods, questions, prompts, runs, model, tokenizer, gen_kwargs)
 
     settings = _settings(config, labels, model, drafter, len(questions))
+    settings["method_drafters"] = {m.name: m.drafter_spec for m in methods if m.drafter_spec is not None}
     settings["cost_curve"] = curve.to_json() if curve is not None else None
     return BenchmarkResult(
         settings=settings,
@@ -343,6 +345,18 @@ def run_benchmark(
     )
 
 
+def method_drafters(methods: list[BenchMethod], drafter: torch.nn.Module | None, model: torch.nn.Module,
+                    config: BenchmarkConfig) -> dict[str, torch.nn.Module | None]:
+    """Method name -> the drafter it runs with: its own ``@drafter=...`` (each distinct one loaded once), else the
+    run's."""
+    own = {}
+    for spec in dict.fromkeys(m.drafter_spec for m in methods if m.drafter_spec is not None):
+        own[spec] = load_drafter(spec, model, config.resolved_dtype, target_name=config.model)
+        if own[spec] is model:
+            raise ValueError(f"@drafter={spec}: the drafter must be a separate module from the target.")
+    return {m.name: own.get(m.drafter_spec, drafter) if m.drafter_spec is not None else drafter for m in methods}
+
+
 def _cost_curve(model):
     """The target's verification cost curve on this machine (cached after the first measurement)."""
     from ..latency import load_or_calibrate
@@ -351,10 +365,11 @@ def _cost_curve(model):
         return load_or_calibrate(model)
 
 
-def _warm_up(config, methods, model, drafter, prompt, gen_kwargs) -> tuple[list[BenchMethod], dict[str, str]]:
+def _warm_up(config, methods, model, drafters, prompt, gen_kwargs) -> tuple[list[BenchMethod], dict[str, str]]:
     """One short untimed generate per method; with the default method list, inapplicable methods are skipped."""
     kept, skipped = [], {}
     for method in methods:
+        drafter = drafters[method.name]
         try:
             method.check(model, drafter)
             torch.manual_seed(config.seed)
@@ -369,7 +384,7 @@ def _warm_up(config, methods, model, drafter, prompt, gen_kwargs) -> tuple[list[
     return kept, skipped
 
 
-def _timed_runs(config, methods, model, drafter, prompts, gen_kwargs, counter
+def _timed_runs(config, methods, model, drafters, prompts, gen_kwargs, counter
                 ) -> dict[tuple[str, int], list[tuple[RunOutput, int]]]:
     """(method, question) -> [(output, target forwards)] per repeat; methods interleaved, order rotated per question."""
     runs: dict[tuple[str, int], list[tuple[RunOutput, int]]] = {}
@@ -384,7 +399,7 @@ def _timed_runs(config, methods, model, drafter, prompts, gen_kwargs, counter
                     bar.set_postfix_str(f"q{qi} {method.name}", refresh=False)
                     torch.manual_seed(config.seed + qi)  # same random stream for every method and repeat
                     counter.count = 0
-                    output = method.run(model, prompt, drafter, **gen_kwargs)
+                    output = method.run(model, prompt, drafters[method.name], **gen_kwargs)
                     runs.setdefault((method.name, qi), []).append((output, counter.count))
                     bar.update()
     finally:

@@ -41,7 +41,9 @@ class FeatureDrafter(Drafter):
         self.model = model
         self.target_layers = tuple(model.config.target_layers)
         self.kv: TreeKV | None = None
-        self._pending_raw: torch.Tensor | None = None  # raw target features of kv.pending tokens, row-aligned
+        # raw target features of kv.pending tokens, row-aligned, as the chunks commits added: joined only when a step
+        # drafts, so a run of draft-free steps (auto sizing) never copies the growing chain
+        self._pending_raw: list[torch.Tensor] = []
         self._root_raw: torch.Tensor | None = None  # raw target feature paired with the next tree root
         self._root_feature: torch.Tensor | None = None  # ... projected
         self._node_features = torch.zeros(0)  # [uid capacity, hidden] drafter output feature per expanded node
@@ -133,7 +135,7 @@ class FeatureDrafter(Drafter):
         raw = self._raw_features(features, int(prefix_ids.numel()))
         self.kv = TreeKV(DynamicCache(config=self.model.config))
         self.kv.pending = prefix_ids[1:].long().cpu()
-        self._pending_raw = raw[:-1]
+        self._pending_raw = [raw[:-1]]
         self._set_root(raw[-1])
         self._node_features = torch.zeros(0, self.model.config.hidden_size, dtype=self._dtype, device=self._device)
         self._reset_nodes()
@@ -157,7 +159,8 @@ class FeatureDrafter(Drafter):
             tree, nodes, self._dtype, device=self._device, extra=(is_root, parent_uids, node_uids))
         node_features = torch.where(is_root[:, None], self._root_input(), self._node_features[parent_uids])
         if num_pending:
-            node_features = torch.cat([self.model.project_features(self._pending_raw), node_features])
+            pending_raw = torch.cat(self._pending_raw)
+            node_features = torch.cat([self.model.project_features(pending_raw), node_features])
         out = self.model(
             input_ids=ids,
             features=node_features[None],
@@ -168,7 +171,7 @@ class FeatureDrafter(Drafter):
             logits_to_keep=num_nodes,
         )
         kv.fed(tree, nodes)
-        self._pending_raw = self._pending_raw[:0]
+        self._pending_raw = []
         self._node_features[node_uids] = out.hidden_states[0, num_pending:]
         return self.model.target_logits(out.logits[0].float())
 
@@ -178,10 +181,10 @@ class FeatureDrafter(Drafter):
         raw = self._raw_features(features, int(accepted.numel()))
         pending_before = int(kv.pending.numel())
         kv.commit(tree, accepted[:1])  # keeps the root's row when it was fed: its input feature was the true one
-        chain = [self._pending_raw]
         if int(kv.pending.numel()) > pending_before:  # root never fed: it joins the pending chain
-            chain.append(self._root_raw[None])
+            self._pending_raw.append(self._root_raw[None])
         kv.pending = torch.cat([kv.pending, tree.tokens[accepted[1:].cpu()]])
-        self._pending_raw = torch.cat([*chain, raw[:-1]])  # accepted[i + 1] pairs with the target state at accepted[i]
+        if accepted.numel() > 1:  # accepted[i + 1] pairs with the target state at accepted[i]
+            self._pending_raw.append(raw[:-1])
         self._set_root(raw[-1])
         self._reset_nodes()

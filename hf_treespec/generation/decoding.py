@@ -23,6 +23,10 @@ from .draft_source import WarpedDraftSource
 from .processors import process_tree_logits
 
 
+#: the accepted path of a root-only tree
+ROOT_ONLY = torch.zeros(1, dtype=torch.long)
+
+
 @dataclass
 class TreeSpecGenerateOutput(GenerateDecoderOnlyOutput):
     """`GenerateDecoderOnlyOutput` plus what a speculative run costs and gains.
@@ -211,13 +215,8 @@ def tree_speculative_decoding(
             streamer.put(input_ids[:, -count:].cpu())
         return done, count
 
-    finished, _ = emit(first.view(1), processed, logits)
-    context = step_context(states, processed[0], -1, int(first))
-    while not finished:
-        source = WarpedDraftSource(drafter, logits_processor, input_ids)
-        t0 = clock.now()
-        tree: DraftTree = policy.build(source, context.root_token, context=context)
-        t1 = clock.now()
+    def verify_tree(tree: DraftTree):
+        """One target forward over the whole tree (4D tree mask), verified; the cache keeps the accepted path."""
         nodes = torch.arange(tree.num_nodes)  # the tree is host bookkeeping; one copy of the forward's inputs
         ids, positions, mask4d = target_kv.inputs_for(tree, nodes, mask_dtype, device=device)
         with capture() as states:
@@ -225,18 +224,41 @@ def tree_speculative_decoding(
                 input_ids=ids, position_ids=positions, attention_mask=mask4d, past_key_values=cache, use_cache=True,
             )
         target_kv.fed(tree, nodes)
-        if "latencies" in needs:
-            target_mean.add(clock.now() - t1)
-            draft_mean.add(t1 - t0, source.num_forwards)
         raw = out.logits[0].float()
         processed = process_tree_logits(logits_processor, input_ids, tree, nodes, raw)
         result = verifier.verify(tree, processed)
+        target_kv.commit(tree, result.accepted)
+        return states, raw, processed, result.accepted, result.next_token
+
+    def target_alone(tree: DraftTree):
+        """A draft-free step is one plain ``generate`` step: the root alone, causally attending to a cache that holds
+        exactly the committed tokens (no tree mask to build), and the target's own choice from the processed row."""
+        ids = tree.tokens[:1].view(1, 1).to(device)
+        positions = torch.tensor([[target_kv.committed]], device=device)
+        with capture() as states:
+            out = model(input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True)
+        target_kv.append_committed(1)
+        raw = out.logits[0].float()
+        processed = logits_processor(input_ids, raw)
+        return states, raw, processed, ROOT_ONLY, verifier.target_choice(processed[0])
+
+    finished, _ = emit(first.view(1), processed, logits)
+    context = step_context(states, processed[0], -1, int(first))
+    while not finished:
+        source = WarpedDraftSource(drafter, logits_processor, input_ids)
+        t0 = clock.now()
+        tree: DraftTree = policy.build(source, context.root_token, context=context)
+        t1 = clock.now()
+        draft_free = tree.num_nodes == 1 and target_kv.holds_only_committed
+        states, raw, processed, accepted, next_token = (target_alone if draft_free else verify_tree)(tree)
         t2 = clock.now()
+        if "latencies" in needs:
+            target_mean.add(t2 - t1)
+            draft_mean.add(t1 - t0, source.num_forwards)
         draft_seconds += t1 - t0
         verify_seconds += t2 - t1
         draft_forwards += source.num_forwards
-        accepted = result.accepted
-        new_tokens = torch.cat([tree.tokens[accepted[1:]], torch.tensor([result.next_token])])
+        new_tokens = torch.cat([tree.tokens[accepted[1:]], torch.tensor([next_token])])
         tree_sizes.append(tree.num_nodes - 1)
         if speed is not None:
             speed.observe_step(
@@ -244,7 +266,6 @@ def tree_speculative_decoding(
                 context=input_ids.shape[1], draft_seconds=t1 - t0, draft_forwards=source.num_forwards,
                 verify_seconds=t2 - t1, tokens=int(accepted.numel()),
             )
-        target_kv.commit(tree, accepted)
         drafter.commit(tree, accepted, drafter_features(states, accepted))
         finished, count = emit(new_tokens, processed[accepted], raw[accepted])
         accepted_lengths.append(count)

@@ -57,6 +57,14 @@ class Verifier(ABC):
         ``generator``: a ``torch.Generator`` or a `~hf_treespec.randomness.RandomSource` (every random choice goes
         through `hf_treespec.randomness`, so the exact-enumeration tests can integrate it out)."""
 
+    def target_choice(self, target_logits: torch.Tensor, generator: Randomness = None) -> int:
+        """The token after a root-only tree (a draft-free step) from its processed row ``[V]``: what plain
+        ``generate`` picks, the argmax at T=0, else one draw from the target distribution. Every verifier accepts
+        exactly this on a root-only tree; the loop calls it without building the tree's verification inputs."""
+        if not self.sampling:
+            return int(target_logits.argmax())
+        return categorical(target_logits.softmax(-1), generator)
+
     def branching(self, table: "NodeTable", order: list[int]) -> dict[int, float]:
         """Probability of entering each child (columns of ``table``, visited in ``order``, a child once per copy)
         at a node whose p / q are summarised by ``table`` (see `hf_treespec.verifiers.branching`)."""
