@@ -11,6 +11,7 @@ first on the path: ``PYTHONPATH=. python examples/host_overhead.py ...``):
 
     python examples/host_overhead.py --policy salf --num-questions 20 --max-new-tokens 128
     python examples/host_overhead.py --policy eagle2 --num-questions 20 --max-new-tokens 128
+    python examples/host_overhead.py --policy none --num-questions 20 --max-new-tokens 128   # plain generate
 
 Reported per step (one step = one target tree forward; the prefill is excluded from the step count but its forward
 time is subtracted like every other target forward):
@@ -92,7 +93,7 @@ def parse_value(text: str):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--policy", default="salf", help="tree_policy (salf, eagle2, optimal, chain, ...)")
+    parser.add_argument("--policy", default="salf", help="tree_policy (salf, eagle2, optimal, chain, ...) or none (plain generate)")
     parser.add_argument("--num-questions", type=int, default=20)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1)
@@ -109,8 +110,9 @@ def main() -> None:
     drafter = default_drafter(model)
     cuda = torch.device(args.device).type == "cuda"
     extra = {key: parse_value(value) for key, value in (item.split("=", 1) for item in args.set)}
-    kwargs = dict(do_sample=False, max_new_tokens=args.max_new_tokens, assistant_model=drafter,
-                  tree_policy=args.policy, **extra)
+    kwargs = dict(do_sample=False, max_new_tokens=args.max_new_tokens, **extra)
+    if args.policy != "none":  # none: plain generate, the host cost every step of ours is compared with
+        kwargs.update(assistant_model=drafter, tree_policy=args.policy)
     prompts = [build_prompt(tokenizer, q).to(args.device) for q in load_questions(limit=args.num_questions)]
 
     clock = ForwardClock(model, drafter)

@@ -18,8 +18,9 @@ from transformers import GenerationConfig
 
 #: optional facts a policy may ask the loop to gather (``TreePolicy.context_needs``):
 #: ``"target_hidden"``: capture the target's pre-norm last hidden state (a forward hook on the last layer);
-#: ``"latencies"``: time draft and target forwards (a device sync per timing point on a GPU).
-CONTEXT_NEEDS = frozenset({"target_hidden", "latencies"})
+#: ``"latencies"``: time draft and target forwards (a device sync per timing point on a GPU);
+#: ``"target_probs"``: the softmax of the target's processed row at the root's parent (a vocabulary-wide op per step).
+CONTEXT_NEEDS = frozenset({"target_hidden", "latencies", "target_probs"})
 
 
 @dataclass
@@ -33,7 +34,8 @@ class StepContext:
         temperature: sampling temperature (0 for greedy decoding).
         top_p: nucleus threshold (1 when off or greedy).
         target_probs: ``[V]`` warped target distribution at the root's parent (the last verified position), i.e. the
-            distribution the root token was drawn from before any residual correction. Always filled by the loop.
+            distribution the root token was drawn from before any residual correction; filled only when the policy's
+            ``context_needs`` has ``"target_probs"``.
         target_hidden: ``[H]`` pre-norm last-layer target hidden state at the root's parent; filled only when the
             policy's ``context_needs`` has ``"target_hidden"``.
         draft_seconds: running mean of one draft forward measured so far in this generation (None before any, and

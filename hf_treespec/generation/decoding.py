@@ -165,7 +165,8 @@ def tree_speculative_decoding(
         is the last committed token, passed from the host copy rather than read back from ``input_ids``."""
         return StepContext(
             root_token=root, device=device, context_length=input_ids.shape[1],
-            temperature=temperature, top_p=top_p, target_probs=probs_row.softmax(-1),
+            temperature=temperature, top_p=top_p,
+            target_probs=probs_row.softmax(-1) if "target_probs" in needs else None,
             target_hidden=states.parts[-1][0, row] if "target_hidden" in needs else None,
             draft_seconds=draft_mean.value, target_seconds=target_mean.value, speed=speed,
         )
@@ -228,7 +229,8 @@ def tree_speculative_decoding(
         processed = process_tree_logits(logits_processor, input_ids, tree, nodes, raw)
         result = verifier.verify(tree, processed)
         target_kv.commit(tree, result.accepted)
-        return states, raw, processed, result.accepted, result.next_token
+        accepted = result.accepted
+        return states, accepted, raw[accepted], processed[accepted], result.next_token
 
     def target_alone(tree: DraftTree):
         """A draft-free step is one plain ``generate`` step: the root alone, causally attending to a cache that holds
@@ -238,9 +240,9 @@ def tree_speculative_decoding(
         with capture() as states:
             out = model(input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True)
         target_kv.append_committed(1)
-        raw = out.logits[0].float()
+        raw = out.logits[0].float()  # [1, V]: the root's row is the accepted path's only row, no indexing needed
         processed = logits_processor(input_ids, raw)
-        return states, raw, processed, ROOT_ONLY, verifier.target_choice(processed[0])
+        return states, ROOT_ONLY, raw, processed, verifier.target_choice(processed[0])
 
     finished, _ = emit(first.view(1), processed, logits)
     context = step_context(states, processed[0], -1, int(first))
@@ -250,7 +252,8 @@ def tree_speculative_decoding(
         tree: DraftTree = policy.build(source, context.root_token, context=context)
         t1 = clock.now()
         draft_free = tree.num_nodes == 1 and target_kv.holds_only_committed
-        states, raw, processed, accepted, next_token = (target_alone if draft_free else verify_tree)(tree)
+        # rows of the accepted path (root first): raw and processed target logits
+        states, accepted, raw, processed, next_token = (target_alone if draft_free else verify_tree)(tree)
         t2 = clock.now()
         if "latencies" in needs:
             target_mean.add(t2 - t1)
@@ -266,10 +269,10 @@ def tree_speculative_decoding(
                 context=input_ids.shape[1], draft_seconds=t1 - t0, draft_forwards=source.num_forwards,
                 verify_seconds=t2 - t1, tokens=int(accepted.numel()),
             )
-        drafter.commit(tree, accepted, drafter_features(states, accepted))
-        finished, count = emit(new_tokens, processed[accepted], raw[accepted])
+        drafter.commit(tree, accepted, drafter_features(states, slice(None) if draft_free else accepted))
+        finished, count = emit(new_tokens, processed, raw)
         accepted_lengths.append(count)
-        context = step_context(states, processed[accepted[-1]], int(accepted[-1]), int(new_tokens[count - 1]))
+        context = step_context(states, processed[-1], int(accepted[-1]), int(new_tokens[count - 1]))
 
     if streamer is not None:
         streamer.end()

@@ -159,7 +159,7 @@ class TreePolicy(ABC):
             source: the drafter seen through the target's logits processors (`DraftSource`).
             root_token: the step's root (the last committed token; ``context.root_token`` too).
             context: what the loop knows at the root (`StepContext`): device, context length, sampling settings,
-                the target's probabilities at the root's parent, plus whatever ``context_needs`` asked for.
+                plus whatever ``context_needs`` asked for (the target's probabilities at the root's parent, ...).
                 Callers outside the loop pass
                 ``StepContext(root_token, device)``.
             generator: where random draws come from (torch's global RNG when None; a ``RandomSource`` in the

@@ -346,8 +346,10 @@ class NDEPolicy(TreePolicy):
 
     @property
     def context_needs(self) -> frozenset[str]:
-        """Latencies always (they are selector features); the target's hidden state when the selector reads it."""
-        return frozenset({"latencies", "target_hidden"} if self.needs_target_hidden else {"latencies"})
+        """Latencies and the target's probabilities always (selector features); its hidden state when the selector
+        reads it."""
+        needs = {"latencies", "target_probs"}
+        return frozenset(needs | {"target_hidden"} if self.needs_target_hidden else needs)
 
     def choose(self, context: StepContext, draft_probs: torch.Tensor) -> Action:
         """The selector's action for this root (``draft_probs``: q(. | root))."""
