@@ -106,6 +106,23 @@ def test_scores_and_logits_match_plain(target, drafters, prompt):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
 
 
+def test_outputs_leave_inference_mode(target, drafters, prompt):
+    """The loop runs under torch.inference_mode, but what it returns is ordinary: the sequences can be scored with
+    gradients (an RL loop's next step), and generation continues from the returned cache."""
+    out = target.generate(prompt, assistant_model=drafters["perturbed"], tree_policy="eagle2", do_sample=False,
+                          max_new_tokens=8, return_dict_in_generate=True, output_scores=True)
+    assert not out.sequences.is_inference() and not any(s.is_inference() for s in out.scores)
+    ids = target.generate(prompt, assistant_model=drafters["perturbed"], tree_policy="salf", max_new_tokens=4)
+    assert not ids.is_inference()
+    with torch.enable_grad():
+        loss = target(out.sequences).logits.logsumexp(-1).mean()
+        loss.backward()
+    assert target.model.embed_tokens.weight.grad is not None
+    target.zero_grad(set_to_none=True)
+    plain = target.generate(out.sequences, past_key_values=out.past_key_values, max_new_tokens=4, do_sample=False)
+    assert torch.equal(plain, target.generate(out.sequences, max_new_tokens=4, do_sample=False))
+
+
 def test_streamer_receives_every_token(target, drafters, prompt, word_tokenizer):
     class Collect:
         def __init__(self):
