@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -101,6 +102,28 @@ def check_drafter(target: torch.nn.Module, assistant: torch.nn.Module | None) ->
     return drafter
 
 
+def returns_outside_inference_mode(decode):
+    """Runs ``decode`` under ``torch.inference_mode`` (cheaper than ``no_grad``: no view or version tracking on the
+    ~100 ops of every layer, a few percent of a small model's step on a CPU) and copies the returned sequences /
+    scores / logits out of it, so callers may use them in autograd (scoring the output with gradients, as RL loops
+    do)."""
+
+    @functools.wraps(decode)
+    def run(*args, **kwargs):
+        with torch.inference_mode():
+            out = decode(*args, **kwargs)
+        if not isinstance(out, TreeSpecGenerateOutput):
+            return out.clone()
+        out.sequences = out.sequences.clone()
+        for name in ("scores", "logits"):
+            if getattr(out, name) is not None:
+                setattr(out, name, tuple(t.clone() for t in getattr(out, name)))
+        return out
+
+    return run
+
+
+@returns_outside_inference_mode
 def tree_speculative_decoding(
     model,
     input_ids: torch.LongTensor,
@@ -111,33 +134,7 @@ def tree_speculative_decoding(
     assistant_model=None,
     **model_kwargs,
 ):
-    """The tree-speculative decoding loop (``generate``'s decoding-method inputs and outputs; entry: ``tree_generate``).
-
-    It runs under ``torch.inference_mode`` (cheaper than ``no_grad``: no view or version tracking on the ~100 ops of
-    every layer, a few percent of a small model's step on a CPU); the returned sequences / scores / logits are copied
-    out of it, so callers may use them in autograd (scoring the output with gradients, as RL loops do)."""
-    with torch.inference_mode():
-        out = _decode(model, input_ids, logits_processor, stopping_criteria, generation_config, streamer,
-                      assistant_model, **model_kwargs)
-    if not isinstance(out, TreeSpecGenerateOutput):
-        return out.clone()
-    out.sequences = out.sequences.clone()
-    for name in ("scores", "logits"):
-        if getattr(out, name) is not None:
-            setattr(out, name, tuple(t.clone() for t in getattr(out, name)))
-    return out
-
-
-def _decode(
-    model,
-    input_ids: torch.LongTensor,
-    logits_processor: LogitsProcessorList,
-    stopping_criteria: StoppingCriteriaList,
-    generation_config: GenerationConfig,
-    streamer=None,
-    assistant_model=None,
-    **model_kwargs,
-):
+    """The tree-speculative decoding loop (``generate``'s decoding-method inputs and outputs; entry: ``tree_generate``)."""
     check_no_beams(generation_config)  # before the batch check: generate has already expanded the prompt into beams
     if input_ids.shape[0] != 1:
         raise ValueError(f"tree speculation supports batch size 1 (got {input_ids.shape[0]}); loop over prompts.")
