@@ -63,7 +63,7 @@ def keep_rows(cache: DynamicCache, start: int, rows: torch.Tensor) -> None:
         if layer.keys is None or layer.keys.numel() == 0:
             continue
         if in_place and layer.keys.shape[-2] == start + count:
-            continue  # every row is kept where it is: nothing to move or cut (a draft-free step)
+            continue  # every row is kept where it is (a fully accepted chain): nothing to move or cut
         if not in_place:
             source = (start + rows).to(layer.keys.device)
             layer.keys[..., start : start + count, :] = layer.keys.index_select(-2, source)

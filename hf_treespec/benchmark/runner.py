@@ -354,7 +354,7 @@ def method_drafters(methods: list[BenchMethod], drafter: torch.nn.Module | None,
         own[spec] = load_drafter(spec, model, config.resolved_dtype, target_name=config.model)
         if own[spec] is model:
             raise ValueError(f"@drafter={spec}: the drafter must be a separate module from the target.")
-    return {m.name: own.get(m.drafter_spec, drafter) if m.drafter_spec is not None else drafter for m in methods}
+    return {m.name: own.get(m.drafter_spec, drafter) for m in methods}
 
 
 def _cost_curve(model):

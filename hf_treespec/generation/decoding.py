@@ -24,10 +24,6 @@ from .draft_source import WarpedDraftSource
 from .processors import process_tree_logits
 
 
-#: the accepted path of a root-only tree
-ROOT_ONLY = torch.zeros(1, dtype=torch.long)
-
-
 @dataclass
 class TreeSpecGenerateOutput(GenerateDecoderOnlyOutput):
     """`GenerateDecoderOnlyOutput` plus what a speculative run costs and gains.
@@ -238,14 +234,20 @@ def tree_speculative_decoding(
             streamer.put(input_ids[:, -count:].cpu())
         return done, count
 
-    def verify_tree(tree: DraftTree):
+    def target_forward(since: float, **inputs):
+        """The target's step forward, capturing what the drafter and policy read; the time from ``since`` (the end of
+        drafting: building the inputs counts) to its end is the policy's target latency."""
+        with capture() as states:
+            out = model(**inputs, past_key_values=cache, use_cache=True)
+        if "latencies" in needs:
+            target_mean.add(clock.now() - since)
+        return out, states
+
+    def verify_tree(tree: DraftTree, since: float):
         """One target forward over the whole tree (4D tree mask), verified; the cache keeps the accepted path."""
         nodes = torch.arange(tree.num_nodes)  # the tree is host bookkeeping; one copy of the forward's inputs
         ids, positions, mask4d = target_kv.inputs_for(tree, nodes, mask_dtype, device=device)
-        with capture() as states:
-            out = model(
-                input_ids=ids, position_ids=positions, attention_mask=mask4d, past_key_values=cache, use_cache=True,
-            )
+        out, states = target_forward(since, input_ids=ids, position_ids=positions, attention_mask=mask4d)
         target_kv.fed(tree, nodes)
         raw = out.logits[0].float()
         processed = process_tree_logits(logits_processor, input_ids, tree, nodes, raw)
@@ -254,17 +256,18 @@ def tree_speculative_decoding(
         accepted = result.accepted
         return states, accepted, raw[accepted], processed[accepted], result.next_token
 
-    def target_alone(tree: DraftTree):
+    root_only = torch.zeros(1, dtype=torch.long)  # the accepted path of a root-only tree
+
+    def target_alone(tree: DraftTree, since: float):
         """A draft-free step is one plain ``generate`` step: the root alone, causally attending to a cache that holds
         exactly the committed tokens (no tree mask to build), and the target's own choice from the processed row."""
         ids = tree.tokens[:1].view(1, 1).to(device)
         positions = torch.tensor([[target_kv.committed]], device=device)
-        with capture() as states:
-            out = model(input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True)
+        out, states = target_forward(since, input_ids=ids, position_ids=positions)
         target_kv.append_committed(1)
         raw = out.logits[0].float()  # [1, V]: the root's row is the accepted path's only row, no indexing needed
         processed = logits_processor(input_ids, raw)
-        return states, ROOT_ONLY, raw, processed, verifier.target_choice(processed[0])
+        return states, root_only, raw, processed, verifier.target_choice(processed[0])
 
     finished, _ = emit(first.view(1), processed, logits)
     context = step_context(states, processed[0], -1, int(first))
@@ -275,10 +278,9 @@ def tree_speculative_decoding(
         t1 = clock.now()
         draft_free = tree.num_nodes == 1 and target_kv.holds_only_committed
         # rows of the accepted path (root first): raw and processed target logits
-        states, accepted, raw, processed, next_token = (target_alone if draft_free else verify_tree)(tree)
+        states, accepted, raw, processed, next_token = (target_alone if draft_free else verify_tree)(tree, t1)
         t2 = clock.now()
         if "latencies" in needs:
-            target_mean.add(t2 - t1)
             draft_mean.add(t1 - t0, source.num_forwards)
         draft_seconds += t1 - t0
         verify_seconds += t2 - t1

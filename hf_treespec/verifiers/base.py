@@ -63,7 +63,7 @@ class Verifier(ABC):
         exactly this on a root-only tree; the loop calls it without building the tree's verification inputs."""
         if not self.sampling:  # max().indices is argmax (first maximum on ties), faster over a vocabulary on CPU
             return int(target_logits.max(-1).indices)
-        return categorical(target_logits.softmax(-1), generator)
+        return sample(target_probs(target_logits), generator)
 
     def branching(self, table: "NodeTable", order: list[int]) -> dict[int, float]:
         """Probability of entering each child (columns of ``table``, visited in ``order``, a child once per copy)
