@@ -1,0 +1,148 @@
+"""Learning curve of trained drafters: held-out acceptance and SALF tau against the training tokens they saw.
+
+Each point is a drafter folder written by ``hf-treespec train ...``; its training tokens and wall time come from its
+``training_summary.json``. ``DIR+INIT`` names a drafter trained from another one's weights (``--init``, e.g. TALF after
+an EAGLE warm-up): the time of both is counted, the tokens are the data of the first. A drafter without a summary (the
+shipped one) takes ``--tokens DIR=N`` (and optionally ``--seconds DIR=S``). Chain tau and per-depth top-1 come from the
+``train evaluate --output`` JSON, SALF tau from the ``bench`` summary whose rows ran each drafter
+(``tree:salf@drafter=DIR``; the bench's own ``--drafter`` for plain ``tree:salf``).
+
+    python examples/plot_learning_curve.py --acceptance runs/curve/acceptance.json --bench runs/curve/bench_mt/summary.json \\
+        --point runs/curve/talf-c1+runs/curve/eagle-c1 ... --point "$SHIPPED" --tokens "$SHIPPED=411547" \\
+        --out docs/img/learning_curve.png
+
+Prints a Markdown table (tokens, training time, depth-1 top-1, chain tau, SALF tau) and writes the PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from hf_treespec.assets import shipped_drafter_path
+
+
+@dataclass
+class Point:
+    drafter: str
+    tokens: int
+    seconds: float | None
+    top1_d1: float | None
+    chain_tau: float | None
+    salf_tau: float | None
+
+
+def _summary(folder: str) -> dict | None:
+    path = Path(folder) / "training_summary.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _pairs(values: list[str], name: str) -> dict[str, float]:
+    pairs = {}
+    for value in values:
+        folder, sep, number = value.rpartition("=")
+        if not sep:
+            raise SystemExit(f"{name} expects DIR=NUMBER, got {value!r}")
+        pairs[str(Path(folder).resolve())] = float(number)
+    return pairs
+
+
+def _salf_taus(bench_summary: dict) -> dict[str, float]:
+    """drafter folder (resolved) -> tau of its tree:salf row in one bench summary."""
+    settings = bench_summary["settings"]
+    default = settings.get("drafter")
+    default = str(shipped_drafter_path()) if default in (None, "default") else default
+    row_drafters = settings.get("method_drafters") or {}
+    taus = {}
+    for method in bench_summary["methods"]:
+        if method["base_method"].split("@")[0] != "tree:salf" or method.get("sweep_value") is not None:
+            continue
+        folder = row_drafters.get(method["method"], default)
+        taus[str(Path(folder).resolve())] = method["tau"]
+    return taus
+
+
+def collect(points: list[str], acceptance: dict, salf: dict[str, float], tokens: dict[str, float],
+            seconds: dict[str, float]) -> list[Point]:
+    accept = {str(Path(k).resolve()): v for k, v in acceptance.items()}
+    out = []
+    for spec in points:
+        folders = [str(Path(f).resolve()) for f in spec.split("+")]
+        main = folders[0]
+        summaries = [_summary(f) for f in folders]
+        if main in tokens:
+            n = int(tokens[main])
+        elif summaries[0] is not None and "tokens" in summaries[0]:
+            n = int(summaries[0]["tokens"])
+        else:
+            raise SystemExit(f"{main} has no training_summary.json with a token count: give --tokens {main}=N")
+        if main in seconds:
+            time = seconds[main]
+        elif all(s is not None for s in summaries):
+            time = sum(s["seconds"] for s in summaries)
+        else:
+            time = None
+        row = accept.get(main, {})
+        out.append(Point(main, n, time, row.get("top1_d1"), row.get("tau_chain"), salf.get(main)))
+    return sorted(out, key=lambda p: p.tokens)
+
+
+def table(points: list[Point]) -> str:
+    def fmt(value, spec):
+        return "" if value is None else format(value, spec)
+
+    lines = ["| drafter | training tokens | training time (s) | top-1 depth 1 | chain tau (dev) | SALF tau (MT-bench) |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for p in points:
+        lines.append(f"| {Path(p.drafter).name} | {p.tokens:,} | {fmt(p.seconds, '.0f')} | {fmt(p.top1_d1, '.3f')} | "
+                     f"{fmt(p.chain_tau, '.3f')} | {fmt(p.salf_tau, '.3f')} |")
+    return "\n".join(lines)
+
+
+def plot(points: list[Point], out: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axis = plt.subplots(figsize=(6.5, 4.2))
+    for attr, label in (("chain_tau", "chain tau, ShareGPT dev"), ("salf_tau", "SALF tau, MT-bench")):
+        xs = [p.tokens for p in points if getattr(p, attr) is not None]
+        ys = [getattr(p, attr) for p in points if getattr(p, attr) is not None]
+        if xs:
+            axis.plot(xs, ys, "o-", label=label)
+    axis.set_xscale("log")
+    axis.set(xlabel="training tokens", ylabel="tau (tokens per target forward)", title=title)
+    axis.grid(alpha=0.3, which="both")
+    axis.legend()
+    fig.tight_layout()
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--point", action="append", required=True, help="DIR or DIR+INIT_DIR, one per drafter")
+    parser.add_argument("--acceptance", help="JSON written by `hf-treespec train evaluate --output`")
+    parser.add_argument("--bench", action="append", default=[], help="summary.json of a bench with tree:salf rows")
+    parser.add_argument("--tokens", action="append", default=[], help="DIR=N for a drafter without a summary")
+    parser.add_argument("--seconds", action="append", default=[], help="DIR=S training time, overriding the summary")
+    parser.add_argument("--out", default="learning_curve.png")
+    parser.add_argument("--title", default="drafter acceptance vs training data")
+    args = parser.parse_args()
+
+    acceptance = json.loads(Path(args.acceptance).read_text()) if args.acceptance else {}
+    salf: dict[str, float] = {}
+    for path in args.bench:
+        salf.update(_salf_taus(json.loads(Path(path).read_text())))
+    points = collect(args.point, acceptance, salf, _pairs(args.tokens, "--tokens"), _pairs(args.seconds, "--seconds"))
+    print(table(points))
+    plot(points, args.out, args.title)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
