@@ -17,7 +17,7 @@ MAX_NEW=${MAX_NEW:-256}
 EPOCHS=${EPOCHS:-3}
 THREADS=${THREADS:-2}
 HF=${HF:-"python -m hf_treespec.cli"}
-DTYPE=${DTYPE:-fp32}                 # fp32 on CPUs without avx512_bf16; bf16 on GPUs / avx512_bf16 CPUs
+DTYPE=${DTYPE:-auto}                 # the fast dtype: bf16 on GPUs / avx512_bf16 CPUs, fp32 elsewhere
 LARGEST=$(echo $SIZES | tr ' ' '\n' | sort -n | tail -1)
 TREES="--tree-policy eagle2 --tree-topk 4 --tree-depth 3 --tree-positions 32"
 

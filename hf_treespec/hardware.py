@@ -17,6 +17,10 @@ import torch
 RELEVANT_CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile", "fma")
 #: flags meaning "native bf16 matmuls": bf16 is then the fast dtype on this CPU
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+#: ``--dtype`` names the command lines accept, besides ``auto`` (= :func:`fast_dtype`)
+DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+AUTO_DTYPE = "auto"
+DTYPE_CHOICES = (AUTO_DTYPE, *DTYPES)
 
 
 @dataclass(frozen=True)
@@ -80,3 +84,13 @@ def fast_dtype(device: torch.device | str | None = None) -> torch.dtype:
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     return detect(device).fast_dtype
+
+
+def resolve_dtype_name(name: str, device: torch.device | str | None = None) -> str:
+    """``--dtype`` as a concrete name: ``auto`` becomes the fast dtype of ``device`` (default: CUDA if available, else
+    this CPU), so a command run on an avx2-only CPU does not silently take emulated bf16 (several times slower)."""
+    if name == AUTO_DTYPE:
+        return {v: k for k, v in DTYPES.items()}[fast_dtype(device)]
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPE_CHOICES}, got {name!r}.")
+    return name

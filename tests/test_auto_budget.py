@@ -255,6 +255,24 @@ def test_hardware_from_cpuinfo(tmp_path):
     assert detect("cpu").device_type == "cpu"
 
 
+def test_data_commands_default_to_the_fast_dtype(monkeypatch):
+    """`train prepare / regenerate / nde-data` run the target in the machine's fast dtype unless told otherwise: an
+    avx2-only CPU must not silently take emulated bf16 (several times slower than fp32 there)."""
+    from hf_treespec import hardware
+    from hf_treespec.cli import build_parser
+
+    parser = build_parser()
+    for argv in (["train", "prepare"], ["train", "regenerate"], ["train", "nde-data", "--drafter", "truncated:2"]):
+        assert parser.parse_args(argv).dtype == "auto"
+    monkeypatch.setattr(hardware, "fast_dtype", lambda device=None: torch.float32)
+    assert hardware.resolve_dtype_name("auto") == "fp32"
+    monkeypatch.setattr(hardware, "fast_dtype", lambda device=None: torch.bfloat16)
+    assert hardware.resolve_dtype_name("auto", "cuda") == "bf16"
+    assert hardware.resolve_dtype_name("fp16") == "fp16"
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        hardware.resolve_dtype_name("float32")
+
+
 def test_draft_free_steps_then_drafting_with_a_feature_drafter(target, prompt, tmp_path, monkeypatch):
     """A feature drafter that sat through many draft-free steps (its pending chain of target features kept as
     chunks) drafts again at the periodic probe, and greedy output stays identical to plain generate (the drafter's

@@ -150,8 +150,12 @@ def test_cli_regenerate_then_prepare(target, tokenizer, tmp_path, capsys):  # no
     run = train_cli(tmp_path / "target", capsys)
 
     regen = ["regenerate", "--num-prompts", "3", "--max-prompt-tokens", "300", "--max-new-tokens", "4",
-             "--dtype", "fp32", "--batch-size", "2", "--chunk-size", "2", "--output", str(tmp_path / "regen")]
+             "--batch-size", "2", "--chunk-size", "2", "--output", str(tmp_path / "regen")]
     summary = run(*regen)  # real ShareGPT train prompts, through the tiny character tokenizer
+    from hf_treespec.hardware import resolve_dtype_name
+
+    settings = json.loads((tmp_path / "regen" / "regenerate_config.json").read_text())
+    assert settings["dtype"] == summary["dtype"] == resolve_dtype_name("auto")  # --dtype auto, recorded as resolved
     assert summary["answers"] == 6 and summary["new_tokens"] == 24 and summary["chunks_written"] == 2
     assert summary["tokens_per_s"] > 0
     assert run(*regen)["chunks_skipped"] == 2

@@ -37,6 +37,8 @@ from typing import Any, Callable
 
 from transformers import HfArgumentParser
 
+from hf_treespec.hardware import AUTO_DTYPE, DTYPE_CHOICES, DTYPES, resolve_dtype_name
+
 from .regenerate import CHUNK_PREFIX as REGEN_CHUNK_PREFIX
 from .regenerate import add_regenerate_parser
 
@@ -152,7 +154,8 @@ def _add_prepare(commands) -> None:
                         "from --input-mode")
     p.add_argument("--input-mode", default="fc", choices=["fc", "eagle3"],
                    help="fc: the pre-norm last state (EAGLE-1); eagle3: EAGLE-3's low / mid / high target layers")
-    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"], help="target dtype")
+    p.add_argument("--dtype", default=AUTO_DTYPE, choices=DTYPE_CHOICES,
+                   help="target dtype; auto: the machine's fast dtype (bf16 on a GPU or a CPU with avx512_bf16 / AMX, else fp32)")
     p.add_argument("--storage-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--chunk-size", type=int, default=32, help="conversations per resumable chunk")
     p.add_argument("--batch-tokens", type=int, default=4096, help="padded tokens per target forward")
@@ -210,8 +213,7 @@ def run_prepare(args: argparse.Namespace) -> int:
     _threads(args)
     policy = None if args.tree_policy.lower() == "none" else args.tree_policy
     positions = None if str(args.tree_positions).lower() == "all" else int(args.tree_positions)
-    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
-    model, tokenizer = load_target(args.target, dtype=dtype)
+    model, tokenizer = load_target(args.target, dtype=DTYPES[resolve_dtype_name(args.dtype)])
     layers = resolve_target_layers(args.input_mode, args.target_layers,
                                    model.config.get_text_config().num_hidden_layers)
     config = PrepareConfig(
@@ -460,7 +462,8 @@ def _add_nde_data(commands) -> None:
     p.add_argument("--drafter", required=True,
                    help="truncated:K (target's first K layers), a feature drafter folder or a causal-LM checkpoint")
     p.add_argument("--output", default=None, help="output folder (default: runs/nde/data-<split>-T<temperature>)")
-    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"], help="target / drafter dtype")
+    p.add_argument("--dtype", default=AUTO_DTYPE, choices=DTYPE_CHOICES,
+                   help="target / drafter dtype; auto: the machine's fast dtype (bf16 on a GPU or a CPU with avx512_bf16 / AMX, else fp32)")
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (verifier greedy)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=None, help="default off")
@@ -513,8 +516,9 @@ def run_nde_data(args: argparse.Namespace) -> int:
     )
     tag = "questions" if args.questions else args.split
     output = Path(args.output or f"runs/nde/data-{tag}-T{args.temperature:g}")
-    model, tokenizer = load_target(args.target, dtype={"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype])
-    drafter = load_drafter(args.drafter, model, args.dtype)
+    dtype = resolve_dtype_name(args.dtype)
+    model, tokenizer = load_target(args.target, dtype=DTYPES[dtype])
+    drafter = load_drafter(args.drafter, model, dtype)
     if isinstance(drafter, TreeSpecDrafterModel) and not drafter.is_attached:
         drafter.tie_to_target(model)
     prompts = _nde_prompts(args, tokenizer)

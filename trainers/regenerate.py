@@ -34,14 +34,14 @@ from typing import Any, Iterable, Iterator, Mapping
 import torch
 from tqdm.auto import tqdm
 
+from hf_treespec.hardware import AUTO_DTYPE, DTYPE_CHOICES, DTYPES, resolve_dtype_name
+
 from .chunks import CHUNK_PREFIX, ChunkFolder, CorruptChunkError, batched, read_chunk_with_footer, write_chunk
 
 __all__ = ["CHUNK_PREFIX", "CONFIG_FILE", "CorruptChunkError", "RegenerateConfig", "first_turn_prompts",
            "iter_regenerated", "read_chunk", "regenerate"]
 
 CONFIG_FILE = "regenerate_config.json"
-#: ``--dtype`` -> torch dtype of the target
-DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 @dataclass
@@ -286,8 +286,8 @@ def add_regenerate_parser(commands) -> argparse.ArgumentParser:
                             description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default="smollm2-135m-instruct",
                    help="target model: asset short name, checkpoint folder or .gguf file")
-    p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES),
-                   help="target dtype (fp32 on CPUs without native bf16 matmuls)")
+    p.add_argument("--dtype", default=AUTO_DTYPE, choices=DTYPE_CHOICES,
+                   help="target dtype; auto: the fast dtype of --device (bf16 on a GPU or a CPU with avx512_bf16 / AMX, else fp32)")
     p.add_argument("--device", default="auto", help="'auto' (cuda when available), 'cpu', 'cuda', 'cuda:1' ...")
     p.add_argument("--split", default="train", choices=["train", "dev"], help="ShareGPT split of the prompts")
     p.add_argument("--skip", type=int, default=0, help="skip the first N records of the split")
@@ -313,12 +313,13 @@ def run_regenerate(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     if args.num_prompts < 0:
         raise ValueError(f"--num-prompts must be >= 0 (0 = the whole split), got {args.num_prompts}.")
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    args.dtype = resolve_dtype_name(args.dtype, device)
     config = RegenerateConfig(
         temperatures=args.temperature, max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,
         chunk_size=args.chunk_size, batch_size=args.batch_size, split=args.split, skip=args.skip, seed=args.seed,
         target=args.target, dtype=args.dtype,
     )
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     model, tokenizer = load_target(args.target, dtype=DTYPES[args.dtype])
     model.to(device)
     records = itertools.islice(iter_sharegpt(args.split), args.skip, None)

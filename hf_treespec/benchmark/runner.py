@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 from ..assets import default_drafter
 from ..drafters import TreeSpecDrafterModel, prompt_lookup, truncated
 from ..generation import enable
+from ..hardware import AUTO_DTYPE, DTYPE_CHOICES, DTYPES, resolve_dtype_name  # noqa: F401  (re-exported)
 from .methods import (
     BenchMethod,
     Override,
@@ -43,10 +44,6 @@ from .methods import (
 )
 from .results import BASELINE, BenchmarkResult, MethodSummary, QuestionResult  # noqa: F401  (re-exported)
 
-DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-#: --dtype auto: the machine's fast dtype (bf16 on a GPU or a CPU with avx512_bf16 / AMX, else fp32)
-AUTO_DTYPE = "auto"
-DTYPE_CHOICES = (AUTO_DTYPE, *DTYPES)
 BASELINE = "plain"
 WARMUP_TOKENS = 8
 
@@ -121,11 +118,7 @@ class BenchmarkConfig:
     @property
     def resolved_dtype(self) -> str:
         """``dtype``, with ``auto`` replaced by this machine's fast dtype."""
-        if self.dtype != AUTO_DTYPE:
-            return self.dtype
-        from ..hardware import fast_dtype
-
-        return {v: k for k, v in DTYPES.items()}[fast_dtype()]
+        return resolve_dtype_name(self.dtype)
 
     def validate(self) -> None:
         if self.dtype not in DTYPE_CHOICES:
