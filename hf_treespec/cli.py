@@ -18,6 +18,7 @@ BENCH_DEFAULTS = {"num_questions": None, "max_new_tokens": 128, "repeats": 1}
 def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     from .benchmark.methods import available_methods
     from .benchmark.runner import DATASETS, DTYPE_CHOICES
+    from .hardware import AUTO_DTYPE_HELP
 
     parser = subparsers.add_parser(
         "bench",
@@ -36,7 +37,7 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
                              "truncated:K (target's first K layers), lookup:N (prompt-lookup tree drafting with n-grams "
                              "up to N), a checkpoint path / hub id, or 'none'")
     parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
-                        help="auto: the machine's fast dtype (bf16 on a GPU or a CPU with avx512_bf16 / AMX, else fp32)")
+                        help=AUTO_DTYPE_HELP)
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads for every method")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--questions", default=None, help="an MT-bench / Spec-Bench style question.jsonl")

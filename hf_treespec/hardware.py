@@ -21,6 +21,8 @@ BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 AUTO_DTYPE = "auto"
 DTYPE_CHOICES = (AUTO_DTYPE, *DTYPES)
+#: what ``--dtype auto`` means, for the commands' help
+AUTO_DTYPE_HELP = "auto: the machine's fast dtype (bf16 on a GPU or a CPU with avx512_bf16 / AMX, else fp32)"
 
 
 @dataclass(frozen=True)

@@ -58,15 +58,14 @@ def _prompts(args, tokenizer) -> list:
 
 
 def run_c2t_data(args, threads) -> int:
-    import torch
-
     from hf_treespec.assets import load_target
     from hf_treespec.benchmark.runner import load_drafter
+    from hf_treespec.hardware import DTYPES
 
     from .c2t import C2TDataConfig, generate_c2t_data, rank_acceptance
 
     threads(args)
-    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
+    dtype = DTYPES[args.dtype]
     model, tokenizer = load_target(args.target, dtype=dtype)
     drafter = load_drafter(args.drafter, model, args.dtype, args.target)
     config = C2TDataConfig(tree_topk=args.tree_topk, tree_depth=args.tree_depth, max_new_tokens=args.max_new_tokens,

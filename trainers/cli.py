@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 from transformers import HfArgumentParser
 
-from hf_treespec.hardware import AUTO_DTYPE, DTYPE_CHOICES, DTYPES, resolve_dtype_name
+from hf_treespec.hardware import AUTO_DTYPE, AUTO_DTYPE_HELP, DTYPE_CHOICES, DTYPES, resolve_dtype_name
 
 from .regenerate import CHUNK_PREFIX as REGEN_CHUNK_PREFIX
 from .regenerate import add_regenerate_parser
@@ -155,7 +155,7 @@ def _add_prepare(commands) -> None:
     p.add_argument("--input-mode", default="fc", choices=["fc", "eagle3"],
                    help="fc: the pre-norm last state (EAGLE-1); eagle3: EAGLE-3's low / mid / high target layers")
     p.add_argument("--dtype", default=AUTO_DTYPE, choices=DTYPE_CHOICES,
-                   help="target dtype; auto: the machine's fast dtype (bf16 on a GPU or a CPU with avx512_bf16 / AMX, else fp32)")
+                   help=f"target dtype; {AUTO_DTYPE_HELP}")
     p.add_argument("--storage-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--chunk-size", type=int, default=32, help="conversations per resumable chunk")
     p.add_argument("--batch-tokens", type=int, default=4096, help="padded tokens per target forward")
@@ -463,7 +463,7 @@ def _add_nde_data(commands) -> None:
                    help="truncated:K (target's first K layers), a feature drafter folder or a causal-LM checkpoint")
     p.add_argument("--output", default=None, help="output folder (default: runs/nde/data-<split>-T<temperature>)")
     p.add_argument("--dtype", default=AUTO_DTYPE, choices=DTYPE_CHOICES,
-                   help="target / drafter dtype; auto: the machine's fast dtype (bf16 on a GPU or a CPU with avx512_bf16 / AMX, else fp32)")
+                   help=f"target / drafter dtype; {AUTO_DTYPE_HELP}")
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (verifier greedy)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=None, help="default off")
@@ -497,8 +497,6 @@ def _nde_prompts(args, tokenizer) -> list:
 
 
 def run_nde_data(args: argparse.Namespace) -> int:
-    import torch
-
     from hf_treespec.assets import load_target
     from hf_treespec.benchmark.runner import load_drafter
     from hf_treespec.drafters import TreeSpecDrafterModel

@@ -53,9 +53,8 @@ def add_gto_parser(commands) -> argparse.ArgumentParser:
 
 
 def run_gto(args: argparse.Namespace) -> int:
-    import torch
-
     from hf_treespec.assets import load_target, shipped_drafter_path
+    from hf_treespec.hardware import DTYPES
     from hf_treespec.drafters import TreeSpecDrafterModel
 
     from .cli import _resume_from, _run_overrides, _threads, config_from_args
@@ -63,7 +62,7 @@ def run_gto(args: argparse.Namespace) -> int:
     from .gto import GTOConfig, GTOTrainer
 
     _threads(args)
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
+    dtype = DTYPES[args.dtype]
     data = load_prepared(args.data)
     eval_data = load_prepared(args.eval_data) if args.eval_data else None
     init = args.init

@@ -34,7 +34,7 @@ from typing import Any, Iterable, Iterator, Mapping
 import torch
 from tqdm.auto import tqdm
 
-from hf_treespec.hardware import AUTO_DTYPE, DTYPE_CHOICES, DTYPES, resolve_dtype_name
+from hf_treespec.hardware import AUTO_DTYPE, AUTO_DTYPE_HELP, DTYPE_CHOICES, DTYPES, resolve_dtype_name
 
 from .chunks import CHUNK_PREFIX, ChunkFolder, CorruptChunkError, batched, read_chunk_with_footer, write_chunk
 
@@ -287,7 +287,7 @@ def add_regenerate_parser(commands) -> argparse.ArgumentParser:
     p.add_argument("--target", default="smollm2-135m-instruct",
                    help="target model: asset short name, checkpoint folder or .gguf file")
     p.add_argument("--dtype", default=AUTO_DTYPE, choices=DTYPE_CHOICES,
-                   help="target dtype; auto: the fast dtype of --device (bf16 on a GPU or a CPU with avx512_bf16 / AMX, else fp32)")
+                   help=f"target dtype; {AUTO_DTYPE_HELP}")
     p.add_argument("--device", default="auto", help="'auto' (cuda when available), 'cpu', 'cuda', 'cuda:1' ...")
     p.add_argument("--split", default="train", choices=["train", "dev"], help="ShareGPT split of the prompts")
     p.add_argument("--skip", type=int, default=0, help="skip the first N records of the split")

@@ -44,7 +44,6 @@ from .methods import (
 )
 from .results import BASELINE, BenchmarkResult, MethodSummary, QuestionResult  # noqa: F401  (re-exported)
 
-BASELINE = "plain"
 WARMUP_TOKENS = 8
 
 
