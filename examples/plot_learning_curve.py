@@ -5,27 +5,34 @@ Each point is a drafter folder written by ``hf-treespec train ...``; its trainin
 an EAGLE warm-up): the time of both is counted, the tokens are the data of the first. A drafter without a summary (the
 shipped one) takes ``--tokens DIR=N`` (and optionally ``--seconds DIR=S``). Chain tau and per-depth top-1 come from the
 ``train evaluate --output`` JSON, SALF tau from the ``bench`` summary whose rows ran each drafter
-(``tree:salf@drafter=DIR``; the bench's own ``--drafter`` for plain ``tree:salf``).
+(``tree:salf@drafter=DIR``; the bench's own ``--drafter`` for plain ``tree:salf``). ``SERIES::DIR`` puts a point on a
+named curve (e.g. ``original::``, ``regenerated::``, ``eagle3::``) so several data sources or layouts share one plot.
 
     python examples/plot_learning_curve.py --acceptance runs/curve/acceptance.json --bench runs/curve/bench_mt/summary.json \\
         --point runs/curve/talf-c1+runs/curve/eagle-c1 ... --point "$SHIPPED" --tokens "$SHIPPED=411547" \\
         --out docs/img/learning_curve.png
 
-Prints a Markdown table (tokens, training time, depth-1 top-1, chain tau, SALF tau) and writes the PNG.
+Prints a Markdown table (tokens, training time, depth-1 top-1, chain tau, SALF tau), each series' least-squares slope
+of tau per 10x of training tokens, and writes the PNG.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from hf_treespec.assets import shipped_drafter_path
 
 
+SERIES_SEP = "::"
+
+
 @dataclass
 class Point:
+    series: str
     drafter: str
     tokens: int
     seconds: float | None
@@ -69,6 +76,7 @@ def collect(points: list[str], acceptance: dict, salf: dict[str, float], tokens:
     accept = {str(Path(k).resolve()): v for k, v in acceptance.items()}
     out = []
     for spec in points:
+        series, sep, spec = spec.rpartition(SERIES_SEP)
         folders = [str(Path(f).resolve()) for f in spec.split("+")]
         main = folders[0]
         summaries = [_summary(f) for f in folders]
@@ -85,20 +93,37 @@ def collect(points: list[str], acceptance: dict, salf: dict[str, float], tokens:
         else:
             time = None
         row = accept.get(main, {})
-        out.append(Point(main, n, time, row.get("top1_d1"), row.get("tau_chain"), salf.get(main)))
-    return sorted(out, key=lambda p: p.tokens)
+        out.append(Point(series if sep else "", main, n, time, row.get("top1_d1"), row.get("tau_chain"), salf.get(main)))
+    return sorted(out, key=lambda p: (p.series, p.tokens))
 
 
 def table(points: list[Point]) -> str:
     def fmt(value, spec):
         return "" if value is None else format(value, spec)
 
-    lines = ["| drafter | training tokens | training time (s) | top-1 depth 1 | chain tau (dev) | SALF tau (MT-bench) |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = ["| series | drafter | training tokens | training time (s) | top-1 depth 1 | chain tau (dev) | "
+             "SALF tau (MT-bench) |", "|---|---|---:|---:|---:|---:|---:|"]
     for p in points:
-        lines.append(f"| {Path(p.drafter).name} | {p.tokens:,} | {fmt(p.seconds, '.0f')} | {fmt(p.top1_d1, '.3f')} | "
+        lines.append(f"| {p.series} | {Path(p.drafter).name} | {p.tokens:,} | {fmt(p.seconds, '.0f')} | {fmt(p.top1_d1, '.3f')} | "
                      f"{fmt(p.chain_tau, '.3f')} | {fmt(p.salf_tau, '.3f')} |")
     return "\n".join(lines)
+
+
+def fits(points: list[Point]) -> list[str]:
+    """Least-squares line of each series' tau against log10(tokens): what the next 10x of data buys if it stays straight."""
+    lines = []
+    for series in dict.fromkeys(p.series for p in points):
+        for attr, label in (("salf_tau", "SALF tau"), ("chain_tau", "chain tau")):
+            pairs = [(math.log10(p.tokens), getattr(p, attr)) for p in points
+                     if p.series == series and getattr(p, attr) is not None]
+            if len(pairs) < 2 or len({x for x, _ in pairs}) < 2:
+                continue
+            mean_x = sum(x for x, _ in pairs) / len(pairs)
+            mean_y = sum(y for _, y in pairs) / len(pairs)
+            slope = sum((x - mean_x) * (y - mean_y) for x, y in pairs) / sum((x - mean_x) ** 2 for x, _ in pairs)
+            lines.append(f"{series or 'all'}: {label} {slope:+.3f} per 10x of data "
+                         f"(= {mean_y - slope * mean_x:.3f} {slope:+.3f} log10 tokens, {len(pairs)} points)")
+    return lines
 
 
 def plot(points: list[Point], out: str, title: str) -> None:
@@ -107,16 +132,20 @@ def plot(points: list[Point], out: str, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axis = plt.subplots(figsize=(6.5, 4.2))
-    for attr, label in (("chain_tau", "chain tau, ShareGPT dev"), ("salf_tau", "SALF tau, MT-bench")):
-        xs = [p.tokens for p in points if getattr(p, attr) is not None]
-        ys = [getattr(p, attr) for p in points if getattr(p, attr) is not None]
-        if xs:
-            axis.plot(xs, ys, "o-", label=label)
+    fig, axis = plt.subplots(figsize=(7.0, 4.6))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for index, series in enumerate(dict.fromkeys(p.series for p in points)):
+        members = [p for p in points if p.series == series]
+        for attr, label, style in (("salf_tau", "SALF tau, MT-bench", "o-"), ("chain_tau", "chain tau, ShareGPT dev", "s--")):
+            xs = [p.tokens for p in members if getattr(p, attr) is not None]
+            ys = [getattr(p, attr) for p in members if getattr(p, attr) is not None]
+            if xs:
+                name = f"{series}: {label}" if series else label
+                axis.plot(xs, ys, style, color=colors[index % len(colors)], label=name)
     axis.set_xscale("log")
     axis.set(xlabel="training tokens", ylabel="tau (tokens per target forward)", title=title)
     axis.grid(alpha=0.3, which="both")
-    axis.legend()
+    axis.legend(fontsize="small")
     fig.tight_layout()
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
@@ -124,7 +153,8 @@ def plot(points: list[Point], out: str, title: str) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--point", action="append", required=True, help="DIR or DIR+INIT_DIR, one per drafter")
+    parser.add_argument("--point", action="append", required=True,
+                        help="[SERIES::]DIR or DIR+INIT_DIR, one per drafter")
     parser.add_argument("--acceptance", help="JSON written by `hf-treespec train evaluate --output`")
     parser.add_argument("--bench", action="append", default=[], help="summary.json of a bench with tree:salf rows")
     parser.add_argument("--tokens", action="append", default=[], help="DIR=N for a drafter without a summary")
@@ -139,6 +169,8 @@ def main() -> int:
         salf.update(_salf_taus(json.loads(Path(path).read_text())))
     points = collect(args.point, acceptance, salf, _pairs(args.tokens, "--tokens"), _pairs(args.seconds, "--seconds"))
     print(table(points))
+    for line in fits(points):
+        print(line)
     plot(points, args.out, args.title)
     print(f"wrote {args.out}")
     return 0
