@@ -132,7 +132,7 @@ def plot(points: list[Point], out: str, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axis = plt.subplots(figsize=(7.0, 4.6))
+    fig, axis = plt.subplots(figsize=(9.5, 4.6))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for index, series in enumerate(dict.fromkeys(p.series for p in points)):
         members = [p for p in points if p.series == series]
@@ -145,7 +145,7 @@ def plot(points: list[Point], out: str, title: str) -> None:
     axis.set_xscale("log")
     axis.set(xlabel="training tokens", ylabel="tau (tokens per target forward)", title=title)
     axis.grid(alpha=0.3, which="both")
-    axis.legend(fontsize="small")
+    axis.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))  # never over the points
     fig.tight_layout()
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
@@ -155,7 +155,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--point", action="append", required=True,
                         help="[SERIES::]DIR or DIR+INIT_DIR, one per drafter")
-    parser.add_argument("--acceptance", help="JSON written by `hf-treespec train evaluate --output`")
+    parser.add_argument("--acceptance", action="append", default=[],
+                        help="JSON written by `hf-treespec train evaluate --output` (repeat for several)")
     parser.add_argument("--bench", action="append", default=[], help="summary.json of a bench with tree:salf rows")
     parser.add_argument("--tokens", action="append", default=[], help="DIR=N for a drafter without a summary")
     parser.add_argument("--seconds", action="append", default=[], help="DIR=S training time, overriding the summary")
@@ -163,7 +164,9 @@ def main() -> int:
     parser.add_argument("--title", default="drafter acceptance vs training data")
     args = parser.parse_args()
 
-    acceptance = json.loads(Path(args.acceptance).read_text()) if args.acceptance else {}
+    acceptance: dict = {}
+    for path in args.acceptance:
+        acceptance.update(json.loads(Path(path).read_text()))
     salf: dict[str, float] = {}
     for path in args.bench:
         salf.update(_salf_taus(json.loads(Path(path).read_text())))
