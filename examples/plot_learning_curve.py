@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,7 +77,7 @@ def collect(points: list[str], acceptance: dict, salf: dict[str, float], tokens:
     accept = {str(Path(k).resolve()): v for k, v in acceptance.items()}
     out = []
     for spec in points:
-        series, sep, spec = spec.rpartition(SERIES_SEP)
+        series, _, spec = spec.rpartition(SERIES_SEP)  # no prefix: series ""
         folders = [str(Path(f).resolve()) for f in spec.split("+")]
         main = folders[0]
         summaries = [_summary(f) for f in folders]
@@ -93,7 +94,7 @@ def collect(points: list[str], acceptance: dict, salf: dict[str, float], tokens:
         else:
             time = None
         row = accept.get(main, {})
-        out.append(Point(series if sep else "", main, n, time, row.get("top1_d1"), row.get("tau_chain"), salf.get(main)))
+        out.append(Point(series, main, n, time, row.get("top1_d1"), row.get("tau_chain"), salf.get(main)))
     return sorted(out, key=lambda p: (p.series, p.tokens))
 
 
@@ -109,20 +110,24 @@ def table(points: list[Point]) -> str:
     return "\n".join(lines)
 
 
+def _curves(points: list[Point]):
+    """(series, metric attribute, label, tokens, values) for every series and metric with at least one value."""
+    for series in dict.fromkeys(p.series for p in points):
+        for attr, label in (("salf_tau", "SALF tau, MT-bench"), ("chain_tau", "chain tau, ShareGPT dev")):
+            members = [p for p in points if p.series == series and getattr(p, attr) is not None]
+            if members:
+                yield series, attr, label, [p.tokens for p in members], [getattr(p, attr) for p in members]
+
+
 def fits(points: list[Point]) -> list[str]:
     """Least-squares line of each series' tau against log10(tokens): what the next 10x of data buys if it stays straight."""
     lines = []
-    for series in dict.fromkeys(p.series for p in points):
-        for attr, label in (("salf_tau", "SALF tau"), ("chain_tau", "chain tau")):
-            pairs = [(math.log10(p.tokens), getattr(p, attr)) for p in points
-                     if p.series == series and getattr(p, attr) is not None]
-            if len(pairs) < 2 or len({x for x, _ in pairs}) < 2:
-                continue
-            mean_x = sum(x for x, _ in pairs) / len(pairs)
-            mean_y = sum(y for _, y in pairs) / len(pairs)
-            slope = sum((x - mean_x) * (y - mean_y) for x, y in pairs) / sum((x - mean_x) ** 2 for x, _ in pairs)
-            lines.append(f"{series or 'all'}: {label} {slope:+.3f} per 10x of data "
-                         f"(= {mean_y - slope * mean_x:.3f} {slope:+.3f} log10 tokens, {len(pairs)} points)")
+    for series, _, label, tokens, values in _curves(points):
+        if len(set(tokens)) < 2:
+            continue
+        slope, intercept = statistics.linear_regression([math.log10(n) for n in tokens], values)
+        lines.append(f"{series or 'all'}: {label.split(',')[0]} {slope:+.3f} per 10x of data "
+                     f"(= {intercept:.3f} {slope:+.3f} log10 tokens, {len(values)} points)")
     return lines
 
 
@@ -134,14 +139,10 @@ def plot(points: list[Point], out: str, title: str) -> None:
 
     fig, axis = plt.subplots(figsize=(9.5, 4.6))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for index, series in enumerate(dict.fromkeys(p.series for p in points)):
-        members = [p for p in points if p.series == series]
-        for attr, label, style in (("salf_tau", "SALF tau, MT-bench", "o-"), ("chain_tau", "chain tau, ShareGPT dev", "s--")):
-            xs = [p.tokens for p in members if getattr(p, attr) is not None]
-            ys = [getattr(p, attr) for p in members if getattr(p, attr) is not None]
-            if xs:
-                name = f"{series}: {label}" if series else label
-                axis.plot(xs, ys, style, color=colors[index % len(colors)], label=name)
+    color_of = {series: colors[i % len(colors)] for i, series in enumerate(dict.fromkeys(p.series for p in points))}
+    for series, attr, label, tokens, values in _curves(points):
+        style = "o-" if attr == "salf_tau" else "s--"
+        axis.plot(tokens, values, style, color=color_of[series], label=f"{series}: {label}" if series else label)
     axis.set_xscale("log")
     axis.set(xlabel="training tokens", ylabel="tau (tokens per target forward)", title=title)
     axis.grid(alpha=0.3, which="both")
