@@ -100,3 +100,19 @@ def test_export_eagle3_command_writes_what_from_eagle_reads_back(target, tmp_pat
     ids, states = torch.randint(0, 64, (1, 6)), torch.randn(1, 6, 3 * 32)
     with torch.no_grad():
         assert torch.allclose(back(ids, states).logits, drafter(ids, states).logits, atol=1e-5)
+
+
+def _train_subparsers() -> dict[str, argparse.ArgumentParser]:
+    parser = argparse.ArgumentParser(prog="hf-treespec")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    train = next(a for a in parser._subparsers._group_actions if "train" in a.choices).choices["train"]
+    return next(a for a in train._subparsers._group_actions).choices
+
+
+def test_every_dtype_option_accepts_auto():
+    """``--dtype auto`` (the machine's fast dtype) works wherever a train command takes a dtype."""
+    with_dtype = {name: action for name, sub in _train_subparsers().items() for action in sub._actions
+                  if "--dtype" in action.option_strings}
+    assert {"prepare", "regenerate", "c2t-data", "gto"} <= set(with_dtype)
+    for name, action in with_dtype.items():
+        assert "auto" in action.choices, f"train {name} --dtype does not accept auto: {action.choices}"

@@ -8,6 +8,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hf_treespec.hardware import AUTO_DTYPE, AUTO_DTYPE_HELP, DTYPE_CHOICES, DTYPES, resolve_dtype_name
+
 
 def add_c2t_commands(commands, common, threads) -> None:
     p = commands.add_parser("c2t-data", help="full EAGLE-2 trees on ShareGPT train prompts, nodes labelled by the "
@@ -18,7 +20,7 @@ def add_c2t_commands(commands, common, threads) -> None:
     p.add_argument("--skip", type=int, default=0, help="skip the first N train prompts")
     p.add_argument("--num-prompts", type=int, default=150)
     p.add_argument("--max-prompt-length", type=int, default=768, help="skip prompts longer than this (tokens)")
-    p.add_argument("--dtype", default="fp32", choices=["bf16", "fp32"])
+    p.add_argument("--dtype", default=AUTO_DTYPE, choices=DTYPE_CHOICES, help=f"target / drafter dtype; {AUTO_DTYPE_HELP}")
     p.add_argument("--tree-topk", type=int, default=10)
     p.add_argument("--tree-depth", type=int, default=5)
     p.add_argument("--max-new-tokens", type=int, default=64, help="greedy trajectory length per prompt")
@@ -60,11 +62,10 @@ def _prompts(args, tokenizer) -> list:
 def run_c2t_data(args, threads) -> int:
     from hf_treespec.assets import load_target
     from hf_treespec.benchmark.runner import load_drafter
-    from hf_treespec.hardware import DTYPES
-
     from .c2t import C2TDataConfig, generate_c2t_data, rank_acceptance
 
     threads(args)
+    args.dtype = resolve_dtype_name(args.dtype)  # recorded concretely: a resume on another machine must match
     dtype = DTYPES[args.dtype]
     model, tokenizer = load_target(args.target, dtype=dtype)
     drafter = load_drafter(args.drafter, model, args.dtype, args.target)

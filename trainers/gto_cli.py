@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hf_treespec.hardware import AUTO_DTYPE, AUTO_DTYPE_HELP, DTYPES, resolve_dtype_name
+
 from .cli import resume_field
 
 
@@ -33,7 +35,8 @@ class GTORunArguments:
                         metadata={"help": "target model: asset short name, checkpoint folder or .gguf file"})
     init: str | None = field(default=None, metadata={
         "help": "drafter to fine-tune (default: the one shipped for --target); a frozen copy is the reference"})
-    dtype: str = field(default="fp32", metadata={"help": "target and drafter dtype", "choices": ["fp32", "bf16"]})
+    dtype: str = field(default="fp32", metadata={"help": f"target and drafter dtype (bf16 = mixed-precision training); "
+                                                         f"{AUTO_DTYPE_HELP}", "choices": [AUTO_DTYPE, "fp32", "bf16"]})
     resume: str | None = resume_field()
     threads: int | None = field(default=None, metadata={"help": "torch.set_num_threads (default: torch's)"})
     no_progress: bool = field(default=False, metadata={"help": "hide progress bars"})
@@ -55,13 +58,12 @@ def add_gto_parser(commands) -> argparse.ArgumentParser:
 def run_gto(args: argparse.Namespace) -> int:
     from hf_treespec.assets import load_target, shipped_drafter_path
     from hf_treespec.drafters import TreeSpecDrafterModel
-    from hf_treespec.hardware import DTYPES
-
     from .cli import _resume_from, _run_overrides, _threads, config_from_args
     from .data import load_prepared
     from .gto import GTOConfig, GTOTrainer
 
     _threads(args)
+    args.dtype = resolve_dtype_name(args.dtype)
     dtype = DTYPES[args.dtype]
     data = load_prepared(args.data)
     eval_data = load_prepared(args.eval_data) if args.eval_data else None
