@@ -116,3 +116,11 @@ def test_every_dtype_option_accepts_auto():
     assert {"prepare", "regenerate", "c2t-data", "gto"} <= set(with_dtype)
     for name, action in with_dtype.items():
         assert "auto" in action.choices, f"train {name} --dtype does not accept auto: {action.choices}"
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_batches_are_pinned_only_for_a_gpu(name):
+    """Pinned memory only serves a copy to a GPU; on a CPU it would just make torch warn every epoch."""
+    import torch
+
+    assert CONFIGS[name](output_dir="x").dataloader_pin_memory == torch.cuda.is_available()

@@ -36,6 +36,7 @@ from hf_treespec.tree import DraftTree
 
 from .chunks import ChunkFolder, batched, write_chunk
 from .small_model import SmallModelTrainerMixin
+from .trainer import pin_memory_field
 from .nde_data import TargetOracle
 
 COLUMNS = ("features", "label", "rank", "depth", "expanded", "prompt", "position")
@@ -228,6 +229,7 @@ class C2TConfig(TrainingArguments):
     weight_decay: float = field(default=0.0, metadata={"help": "weight decay"})
     remove_unused_columns: bool = field(default=False, metadata={"help": "the collator reads named columns"})
     prediction_loss_only: bool = field(default=True, metadata={"help": "evaluation reports the loss"})
+    dataloader_pin_memory: bool = pin_memory_field()
     report_to: None | str | list[str] = field(default="none", metadata={"help": "experiment trackers"})
     save_strategy: str = field(default="no", metadata={"help": "the classifier is saved once, at the end"})
     logging_steps: float = field(default=50, metadata={"help": "log every N steps"})

@@ -37,6 +37,7 @@ from hf_treespec.policies.nde import (
 from .metrics import MetricsMixin
 from .nde_data import NDEData
 from .small_model import SmallModelTrainerMixin
+from .trainer import pin_memory_field
 
 
 # ------------------------------------------------------------------------------------------------------ objective
@@ -96,6 +97,7 @@ class NDEConfig(TrainingArguments):
     weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay"})
     remove_unused_columns: bool = field(default=False, metadata={"help": "the collator reads named columns"})
     prediction_loss_only: bool = field(default=True, metadata={"help": "evaluation reports loss and ratios"})
+    dataloader_pin_memory: bool = pin_memory_field()
     report_to: None | str | list[str] = field(default="none", metadata={"help": "experiment trackers"})
     logging_steps: float = field(default=20, metadata={"help": "log every N steps"})
     save_strategy: str = field(default="epoch", metadata={"help": "when to checkpoint: epoch, steps or no"})

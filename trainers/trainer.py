@@ -23,6 +23,12 @@ from .unroll import TreeLevels, UnrollOutput, unroll
 
 
 # ------------------------------------------------------------------------------------------------------ configs
+def pin_memory_field():
+    """``dataloader_pin_memory`` on only where a GPU receives the batches (on a CPU torch just warns it is unused)."""
+    return field(default_factory=torch.cuda.is_available,
+                 metadata={"help": "page-locked batches for the copy to the GPU (default: on when CUDA is available)"})
+
+
 @dataclass
 class DrafterTrainingArguments(TrainingArguments):
     """``TrainingArguments`` with the defaults drafter training uses (the only place they are written down).
@@ -45,6 +51,7 @@ class DrafterTrainingArguments(TrainingArguments):
     report_to: None | str | list[str] = field(default="none", metadata={"help": "experiment trackers"})
     remove_unused_columns: bool = field(default=False, metadata={"help": "collators need every prepared column"})
     prediction_loss_only: bool = field(default=True, metadata={"help": "evaluation reports losses and metrics"})
+    dataloader_pin_memory: bool = pin_memory_field()
 
 
 @dataclass
