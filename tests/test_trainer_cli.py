@@ -103,10 +103,8 @@ def test_export_eagle3_command_writes_what_from_eagle_reads_back(target, tmp_pat
 
 
 def _train_subparsers() -> dict[str, argparse.ArgumentParser]:
-    parser = argparse.ArgumentParser(prog="hf-treespec")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    train = next(a for a in parser._subparsers._group_actions if "train" in a.choices).choices["train"]
-    return next(a for a in train._subparsers._group_actions).choices
+    train = add_parser(argparse.ArgumentParser(prog="hf-treespec").add_subparsers())
+    return next(a for a in train._actions if isinstance(a, argparse._SubParsersAction)).choices
 
 
 def test_every_dtype_option_accepts_auto():

@@ -62,6 +62,7 @@ def _prompts(args, tokenizer) -> list:
 def run_c2t_data(args, threads) -> int:
     from hf_treespec.assets import load_target
     from hf_treespec.benchmark.runner import load_drafter
+
     from .c2t import C2TDataConfig, generate_c2t_data, rank_acceptance
 
     threads(args)

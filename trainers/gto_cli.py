@@ -58,6 +58,7 @@ def add_gto_parser(commands) -> argparse.ArgumentParser:
 def run_gto(args: argparse.Namespace) -> int:
     from hf_treespec.assets import load_target, shipped_drafter_path
     from hf_treespec.drafters import TreeSpecDrafterModel
+
     from .cli import _resume_from, _run_overrides, _threads, config_from_args
     from .data import load_prepared
     from .gto import GTOConfig, GTOTrainer
