@@ -169,6 +169,8 @@ def calibrate_target(
     online refinement from real steps corrects the noise of single measurements."""
     from transformers import DynamicCache
 
+    from .compat import CACHE_KWARG
+
     device, dtype = next(model.parameters()).device, model.dtype
     vocab = int(model.config.get_text_config().vocab_size)
     gen = torch.Generator().manual_seed(0)
@@ -176,7 +178,7 @@ def calibrate_target(
     for context in contexts:
         cache = DynamicCache(config=model.config)
         prefix = torch.randint(0, vocab, (1, context), generator=gen).to(device)
-        model(input_ids=prefix, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        model(input_ids=prefix, use_cache=True, logits_to_keep=1, **{CACHE_KWARG: cache})
         row = []
         for rows in sizes:
             ids = torch.randint(0, vocab, (1, rows), generator=gen).to(device)
@@ -187,7 +189,8 @@ def calibrate_target(
             for attempt in range(repeats + warm_up):
                 _sync(device)
                 t0 = time.perf_counter()
-                model(input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=cache, use_cache=True)
+                model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
+                      **{CACHE_KWARG: cache})
                 _sync(device)
                 if attempt or not warm_up:
                     best = min(best, time.perf_counter() - t0)

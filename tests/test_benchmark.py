@@ -426,11 +426,16 @@ def test_real_model_quick_smoke(tmp_path):
     methods = {m["method"]: m for m in summary["methods"]}
     assert methods["plain"]["speedup"] == 1.0 and methods["plain"]["tau"] == 1.0
     # --quick sizes tree:salf by measured cost: on a CPU where no tree pays it runs draft-free steps (tau 1)
-    assert methods["tree:salf"]["tau"] >= 1.0 and methods["tree:salf"]["identical"] == 2
-    assert methods["tree:salf"]["drafted_share"] is not None
+    salf = methods["tree:salf"]
+    assert salf["tau"] >= 1.0 and salf["drafted_share"] is not None
     from hf_treespec.hardware import fast_dtype
 
     assert summary["settings"]["model_dtype"] == str(fast_dtype()).removeprefix("torch.")  # --dtype auto
+    if summary["settings"]["model_dtype"] == "float32":
+        assert salf["identical"] == 2
+    else:  # bf16 (avx512_bf16 CPUs): a tree forward rounds unlike a one-token step, so only near-ties may flip
+        assert salf["identical"] + len(salf["divergences"]) == 2
+        assert all(d["chosen_gap"] is not None and d["chosen_gap"] <= 0.5 for d in salf["divergences"])
     assert summary["settings"]["hardware"]["name"] and summary["settings"]["cost_curve"]["sizes"]
     assert summary["settings"]["drafter_class"] == "TreeSpecDrafterModel"  # the shipped drafter is the default
 

@@ -137,6 +137,21 @@ def test_forward_with_tree_mask_equals_each_path_alone(target, input_mode):
         assert torch.allclose(out.hidden_states[0, 4 + node], alone.hidden_states[0, -1], atol=1e-5)
 
 
+
+@pytest.mark.parametrize("input_mode", ["fc", "eagle3"])
+def test_cache_continues_a_forward_under_both_keyword_names(target, input_mode):
+    """The drafter's cache (``out.cache``) continues a forward exactly, passed as ``cache=`` or as
+    ``past_key_values=`` (the keyword before transformers 5.24, which EAGLE-style callers still use)."""
+    drafter = make_drafter(target, target_layers=[1, 3], input_mode=input_mode)
+    ids, feats = torch.randint(0, VOCAB, (1, 7)), torch.randn(1, 7, 64)
+    whole = drafter(ids, feats)
+    for name in ("cache", "past_key_values"):
+        head = drafter(ids[:, :4], feats[:, :4], use_cache=True)
+        assert head.cache is not None and head.cache.get_seq_length() == 4
+        tail = drafter(ids[:, 4:], feats[:, 4:], use_cache=True, **{name: head.cache})
+        assert tail.cache is head.cache and head.cache.get_seq_length() == 7
+        torch.testing.assert_close(tail.logits, whole.logits[:, 4:], atol=1e-5, rtol=1e-5)
+
 # ----------------------------------------------------------------------------------------- sharing the target
 def test_shared_embeddings_and_head_are_not_saved(target, tmp_path):
     drafter = make_drafter(target, draft_vocab_size=40)

@@ -4,6 +4,7 @@ import pytest
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
+from hf_treespec.compat import CACHE_KWARG, output_cache
 from hf_treespec.drafters import as_drafter
 from hf_treespec.tree import DraftTree
 
@@ -119,7 +120,7 @@ def test_outputs_leave_inference_mode(target, drafters, prompt):
         loss.backward()
     assert target.model.embed_tokens.weight.grad is not None
     target.zero_grad(set_to_none=True)
-    plain = target.generate(out.sequences, past_key_values=out.past_key_values, max_new_tokens=4, do_sample=False)
+    plain = target.generate(out.sequences, max_new_tokens=4, do_sample=False, **{CACHE_KWARG: output_cache(out)})
     assert torch.equal(plain, target.generate(out.sequences, max_new_tokens=4, do_sample=False))
 
 

@@ -161,9 +161,9 @@ class DraftSourceByHand(DraftSource):
             with torch.no_grad():
                 out = self.drafter(self.ids[:, : self.column + 1], target_hidden_states=self.feats[:, : self.column + 1],
                                    use_cache=True)
-                feature, cache, logits = out.hidden_states[:, -1:], out.past_key_values, out.logits[0, -1]
+                feature, cache, logits = out.hidden_states[:, -1:], out.cache, out.logits[0, -1]
                 for x in tree.path_to(node)[1:].tolist():
-                    step = self.drafter(tree.tokens[x].view(1, 1), features=feature, past_key_values=cache,
+                    step = self.drafter(tree.tokens[x].view(1, 1), features=feature, cache=cache,
                                         use_cache=True)
                     feature, logits = step.hidden_states, step.logits[0, 0]
             rows.append(torch.log_softmax(self.drafter.target_logits(logits.float()), -1))

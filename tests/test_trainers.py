@@ -224,9 +224,9 @@ def test_unroll_matches_feeding_each_path_step_by_step(target, talf_data):
             with torch.no_grad():  # reference: causal prefix up to the root, then the path with fed-back features
                 ctx = drafter(batch["input_ids"][b:b + 1, : root + 1],
                               target_hidden_states=batch["target_hidden_states"][b:b + 1, : root + 1], use_cache=True)
-                feature, cache = ctx.hidden_states[:, -1:], ctx.past_key_values
+                feature, cache = ctx.hidden_states[:, -1:], ctx.cache
                 for node in chain:
-                    step = drafter(levels.tokens[b:b + 1, node:node + 1], features=feature, past_key_values=cache,
+                    step = drafter(levels.tokens[b:b + 1, node:node + 1], features=feature, cache=cache,
                                    use_cache=True)
                     feature = step.hidden_states
             torch.testing.assert_close(out.node_logits[b, slot], step.logits[0, 0], atol=1e-4, rtol=1e-4)

@@ -25,6 +25,7 @@ import torch
 from transformers import DynamicCache, GenerationConfig, Trainer, TrainingArguments
 
 from hf_treespec.cache import keep_rows
+from hf_treespec.compat import CACHE_KWARG
 from hf_treespec.drafters.base import TargetFeatures, as_drafter
 from hf_treespec.features import capture_hidden_states
 from hf_treespec.generation.processors import process_tree_logits
@@ -113,7 +114,7 @@ def prompt_rows(model, drafter, prompt_ids: torch.Tensor, config: C2TDataConfig,
     end = roots[-1]
     with capture_hidden_states(model, layers) if layers else _null() as states:
         model.get_decoder()(input_ids=sequence[None, :end], position_ids=torch.arange(end, device=device)[None],
-                            past_key_values=cache, use_cache=True)
+                            use_cache=True, **{CACHE_KWARG: cache})
     drafter_states = states.joined(len(layers))[0] if layers else None
     policy = POLICIES.get("eagle2")(tree_topk=config.tree_topk, tree_depth=config.tree_depth,
                                     tree_budget=config.full_tree_nodes)

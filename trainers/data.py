@@ -29,6 +29,7 @@ from typing import Any, Iterable, Mapping
 import torch
 from tqdm.auto import tqdm
 
+from hf_treespec.compat import output_cache
 from hf_treespec.features import capture_hidden_states
 from hf_treespec.policies import POLICIES, TreePolicy
 
@@ -280,7 +281,7 @@ def _extract_batch(model, batch: list[dict], config: PrepareConfig, policy, coun
                 roots.append(TreeRoot(row=row, position=position, token=int(ids[row, position]),
                                       logprobs=topk_logprobs(out.logits[row, position], config.answer_topk)))
     if policy is not None and roots:
-        trees = grow_target_trees(model, out.past_key_values, roots, policy, config.answer_topk)
+        trees = grow_target_trees(model, output_cache(out), roots, policy, config.answer_topk)
         by_row: dict[int, list] = {}
         for root, tree in zip(roots, trees):
             by_row.setdefault(root.row, []).append((root, tree))

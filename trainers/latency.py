@@ -13,6 +13,7 @@ import torch
 from transformers import DynamicCache
 
 from hf_treespec.cache import TreeKV, keep_rows
+from hf_treespec.compat import CACHE_KWARG
 from hf_treespec.drafters.base import TargetFeatures, as_drafter
 from hf_treespec.features import capture_hidden_states
 from hf_treespec.timing import sync
@@ -104,7 +105,7 @@ def measure_latency(
         cache = DynamicCache(config=model.config)
         with (capture_hidden_states(model, layers) if layers else nullcontext(None)) as states:
             model(input_ids=ids[None, :context], position_ids=torch.arange(context, device=device)[None],
-                  past_key_values=cache, use_cache=True, logits_to_keep=1)
+                  use_cache=True, logits_to_keep=1, **{CACHE_KWARG: cache})
         features = TargetFeatures(states.hidden_states[0]) if layers else None
         kv = TreeKV(cache, committed=context)
         for nodes in target_nodes:
@@ -113,7 +114,8 @@ def measure_latency(
             times = []
             for _ in range(repeats + 1):  # the first run warms up
                 times.append(_seconds(functools.partial(model, input_ids=inputs, position_ids=positions,
-                                                        attention_mask=mask, past_key_values=cache, use_cache=True),
+                                                        attention_mask=mask, use_cache=True,
+                                                        **{CACHE_KWARG: cache}),
                                       device))
                 keep_rows(cache, context, torch.zeros(0, dtype=torch.long))
             target_samples.append((context, nodes, _median(times[1:])))

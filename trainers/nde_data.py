@@ -46,6 +46,7 @@ from tqdm.auto import tqdm
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList
 
 from hf_treespec.cache import TreeKV, keep_rows
+from hf_treespec.compat import CACHE_KWARG
 from hf_treespec.drafters.base import Drafter, TargetFeatures, as_drafter
 from hf_treespec.features import capture_hidden_states
 from hf_treespec.generation.processors import process_tree_logits
@@ -166,7 +167,8 @@ class TargetOracle:
         kv = TreeKV(self.cache, committed=self.committed)
         ids, positions, mask = kv.inputs_for(trie, torch.arange(trie.num_nodes, device=trie.device), self.model.dtype)
         out = self.model.get_decoder()(input_ids=ids.to(device), position_ids=positions.to(device),
-                                       attention_mask=mask.to(device), past_key_values=self.cache, use_cache=True)
+                                       attention_mask=mask.to(device), use_cache=True,
+                                       **{CACHE_KWARG: self.cache})
         keep_rows(self.cache, self.committed, torch.zeros(0, dtype=torch.long))
         self._trie, self._hidden = trie, out.last_hidden_state[0]
 
@@ -229,7 +231,7 @@ def prompt_rows(
     end = roots[-1]
     with capture_hidden_states(model, layers + (-1,)) as states:
         out = model.get_decoder()(input_ids=sequence[None, :end], position_ids=torch.arange(end, device=device)[None],
-                                  past_key_values=cache, use_cache=True)
+                                  use_cache=True, **{CACHE_KWARG: cache})
     parent_hidden = states.parts[-1][0]
     drafter_states = states.joined(len(layers))[0] if layers else None
     head = model.get_output_embeddings()

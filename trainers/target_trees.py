@@ -26,6 +26,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from hf_treespec.attention import float_mask
+from hf_treespec.compat import CACHE_KWARG
 from hf_treespec.features import capture_hidden_states
 from hf_treespec.policies import DraftSource, StepContext, TreePolicy
 from hf_treespec.tree import DraftTree
@@ -184,7 +185,7 @@ def _forward_nodes(model, cache: DynamicCache, entries, answer_topk: int):
     with capture_hidden_states(model, [-1]) as captured:
         out = model(
             input_ids=tokens.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
-            past_key_values=cache, use_cache=True,
+            use_cache=True, **{CACHE_KWARG: cache},
         )
     hidden = captured.hidden_states
     answers = {}

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from hf_treespec.attention import float_mask
+from hf_treespec.compat import CACHE_KWARG, output_cache
 from hf_treespec.policies import TreePolicy
 from hf_treespec.step_context import StepContext
 from hf_treespec.tree import DraftTree
@@ -91,7 +92,7 @@ def grow_drafter_trees(
     """
     context = drafter(input_ids=input_ids, target_hidden_states=target_hidden_states, attention_mask=attention_mask,
                       use_cache=True)
-    cache = context.past_key_values
+    cache = context.cache
     columns = (positions - 1).to(input_ids.device)
     rows_dev = rows.to(input_ids.device)
     root_values, root_ids = _top(drafter, context.logits[rows_dev, columns], topk)
@@ -170,7 +171,7 @@ def _expand(drafter, cache, features, context_len, states, requests, root_values
         parent_features = features.gather(1, parent_columns.to(device)[..., None].expand(-1, -1, features.shape[-1]))
         mask = float_mask(visible.to(device), parent_features.dtype)[0, 0][:, None]
         out = drafter(input_ids=tokens.to(device), features=parent_features, attention_mask=mask,
-                      position_ids=positions.to(device), past_key_values=cache, use_cache=True)
+                      position_ids=positions.to(device), cache=cache, use_cache=True)
         # KV columns past.. hold the new nodes; keep features aligned with KV columns (context columns first)
         if features.shape[1] != past:
             raise RuntimeError("drafter features out of step with the drafter cache columns")
@@ -232,7 +233,7 @@ def score_trees(
     attention = (torch.arange(prefix)[None, :] < lengths[:, None]).long().to(device)
     keep = torch.unique(positions)
     out = target(input_ids=ids, attention_mask=attention, use_cache=True, logits_to_keep=keep.to(device))
-    cache = out.past_key_values
+    cache = output_cache(out)
     where = torch.searchsorted(keep, positions)
     root_logits = out.logits[rows.to(device), where.to(device)]  # [P, V]
     results: list[NodeAcceptance | None] = [None] * len(trees)
@@ -311,7 +312,7 @@ def _forward_internal(target, cache, prefix, chunk, trees, scores, positions, te
     dtype = next(target.parameters()).dtype
     mask = float_mask(visible.to(device), dtype)[0, 0][:, None]
     out = target(input_ids=tokens.to(device), attention_mask=mask, position_ids=pos.to(device),
-                 past_key_values=cache, use_cache=True)
+                 use_cache=True, **{CACHE_KWARG: cache})
     cache.crop(-width)
     for index, row, offset in placed:
         tree, score = trees[index], scores[index]

@@ -135,7 +135,7 @@ def unroll(
                     use_cache=levels is not None)
     if levels is None or levels.tokens.shape[1] == 0:
         return UnrollOutput(context.logits, context.hidden_states)
-    cache = context.past_key_values
+    cache = context.cache
     ancestors = levels.ancestors()
     length = input_ids.shape[1]
     columns = torch.arange(length, device=input_ids.device)
@@ -153,7 +153,7 @@ def unroll(
         visible = torch.cat([columns[None, None, :] <= roots[..., None], ancestors[:, sl, :stop]], dim=-1)
         mask = float_mask(visible, parent_features.dtype)[0, 0][:, None]
         out = model(input_ids=levels.tokens[:, sl], features=parent_features, attention_mask=mask,
-                    position_ids=roots + levels.depth[:, sl], past_key_values=cache, use_cache=True)
+                    position_ids=roots + levels.depth[:, sl], cache=cache, use_cache=True)
         hidden_parts.append(out.hidden_states)
         logit_parts.append(out.logits)
     return UnrollOutput(context.logits, context.hidden_states, torch.cat(logit_parts, 1), torch.cat(hidden_parts, 1))

@@ -6,6 +6,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from ..attention import check_tree_attention
+from ..compat import CACHE_KWARG
 from ..cache import TreeKV
 from ..tree import DraftTree
 from .base import DRAFTER_ADAPTERS, Drafter, TargetFeatures
@@ -46,7 +47,7 @@ class CausalLMDrafter(Drafter):
             input_ids=ids,
             position_ids=positions,
             attention_mask=mask,
-            past_key_values=self.kv.cache,
+            **{CACHE_KWARG: self.kv.cache},
             use_cache=True,
             logits_to_keep=num_nodes,
         )

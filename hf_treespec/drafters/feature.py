@@ -40,6 +40,8 @@ from transformers.masking_utils import create_causal_mask
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 from transformers.utils import ModelOutput
 
+from ..compat import CACHE_KWARG
+
 INPUT_MODES = ("fc", "eagle3")
 
 # Architecture fields copied from the target by `TreeSpecDrafterConfig.for_target` (same tokenizer, same geometry).
@@ -76,7 +78,7 @@ class TreeSpecDrafterConfig(PretrainedConfig):
     """
 
     model_type = "treespec_drafter"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["cache", "past_key_values"]
 
     vocab_size: int = 49152
     hidden_size: int = 576
@@ -180,13 +182,13 @@ class TreeSpecDrafterOutput(ModelOutput):
         logits: ``[B, T, draft_vocab_size]`` (the last ``logits_to_keep`` positions when that was set).
         hidden_states: ``[B, T, hidden_size]`` drafter features after the decoder layers, before the final norm;
             feed them back through ``features=`` for the next depth.
-        past_key_values: the cache, when ``use_cache``.
+        cache: the KV cache, when ``use_cache`` (named as transformers names it from 5.24 on, in every release).
     """
 
     loss: torch.FloatTensor | None = None
     logits: torch.FloatTensor | None = None
     hidden_states: torch.FloatTensor | None = None
-    past_key_values: Cache | None = None
+    cache: Cache | None = None
 
 
 class Eagle3DecoderLayer(LlamaDecoderLayer):
@@ -207,18 +209,18 @@ class Eagle3DecoderLayer(LlamaDecoderLayer):
         input_embeds: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
         use_cache: bool | None = False,
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         **kwargs,
     ) -> torch.Tensor:
+        """``kwargs`` reach the attention as they do in ``LlamaDecoderLayer`` (the cache under
+        :data:`~hf_treespec.compat.CACHE_KWARG`)."""
         residual = hidden_states
         attn_input = torch.cat([self.input_layernorm(input_embeds), self.hidden_norm(hidden_states)], dim=-1)
         attn_output, _ = self.self_attn(
             hidden_states=attn_input,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
             use_cache=use_cache,
             position_embeddings=position_embeddings,
             **kwargs,
@@ -260,7 +262,7 @@ class TreeSpecDrafterModel(PreTrainedModel):
     main_input_name = "input_ids"
     supports_gradient_checkpointing = True
     _no_split_modules = ["LlamaDecoderLayer", "Eagle3DecoderLayer"]
-    _skip_keys_device_placement = ["past_key_values"]
+    _skip_keys_device_placement = ["cache", "past_key_values"]
     _supports_sdpa = True
     _supports_attention_backend = True
 
@@ -464,7 +466,7 @@ class TreeSpecDrafterModel(PreTrainedModel):
         target_hidden_states: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         use_cache: bool = False,
         labels: torch.LongTensor | None = None,
         features: torch.Tensor | None = None,
@@ -484,6 +486,8 @@ class TreeSpecDrafterModel(PreTrainedModel):
             attention_mask: 2D padding mask, or a 4D float mask ``[B, 1, T, past + T]`` (0 / finfo.min) for tree
                 attention, used as given.
             position_ids: ``[B, T]``; defaults to ``past_len + arange(T)``. Tree nodes take ``root + depth``.
+            cache: the drafter's KV cache (a new ``DynamicCache`` when ``use_cache`` and none is given);
+                ``past_key_values=`` is accepted too, the name before transformers 5.24.
             labels: target token ids, shifted inside as in causal LMs (position t is scored on ``labels[t + 1]``);
                 -100 and tokens outside the draft vocabulary are ignored.
             logits_to_keep: compute logits for the last ``logits_to_keep`` positions only (0 = all).
@@ -500,18 +504,20 @@ class TreeSpecDrafterModel(PreTrainedModel):
             raise ValueError(f"features {tuple(features.shape[:2])} and input_ids {tuple(input_ids.shape)} must "
                              "cover the same [batch, positions].")
         embeds = self.embed(input_ids).to(features.dtype)
-        if use_cache and past_key_values is None:
-            past_key_values = DynamicCache(config=self.config)
+        if cache is None:
+            cache = kwargs.pop("past_key_values", None)  # the name callers used before transformers 5.24
+        if use_cache and cache is None:
+            cache = DynamicCache(config=self.config)
         if position_ids is None:
-            past = past_key_values.get_seq_length() if past_key_values is not None else 0
+            past = cache.get_seq_length() if cache is not None else 0
             position_ids = torch.arange(past, past + input_ids.shape[1], device=input_ids.device)[None]
         mask = create_causal_mask(
-            config=self.config, inputs_embeds=embeds, attention_mask=attention_mask,
-            past_key_values=past_key_values, position_ids=position_ids,
+            config=self.config, inputs_embeds=embeds, attention_mask=attention_mask, position_ids=position_ids,
+            **{CACHE_KWARG: cache},
         )
         position_embeddings = self.rotary_emb(embeds, position_ids=position_ids)
-        layer_kwargs = dict(attention_mask=mask, position_ids=position_ids, past_key_values=past_key_values,
-                            use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
+        layer_kwargs = dict(attention_mask=mask, position_ids=position_ids, use_cache=use_cache,
+                            position_embeddings=position_embeddings, **{CACHE_KWARG: cache}, **kwargs)
         if self.config.input_mode == "eagle3":
             hidden = self.layers[0](features, embeds, **layer_kwargs)
             rest = self.layers[1:]
@@ -530,7 +536,7 @@ class TreeSpecDrafterModel(PreTrainedModel):
             loss = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
                                    ignore_index=-100)
         return TreeSpecDrafterOutput(
-            loss=loss, logits=logits, hidden_states=hidden, past_key_values=past_key_values if use_cache else None
+            loss=loss, logits=logits, hidden_states=hidden, cache=cache if use_cache else None
         )
 
 

@@ -166,7 +166,7 @@ class FeatureDrafter(Drafter):
             features=node_features[None],
             position_ids=positions,
             attention_mask=mask,
-            past_key_values=kv.cache,
+            cache=kv.cache,
             use_cache=True,
             logits_to_keep=num_nodes,
         )

@@ -12,6 +12,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..attention import check_tree_attention
 from ..cache import TreeKV
+from ..compat import CACHE_KWARG
 from ..drafters.base import Drafter, TargetFeatures, as_drafter
 from ..features import capture_hidden_states
 from ..policies import POLICIES, TreePolicy
@@ -148,7 +149,7 @@ def tree_speculative_decoding(
     policy, verifier = resolve(generation_config, drafter)
     speed = auto_speed_model(model, drafter, policy, generation_config)
     check_tree_attention(model, role="target model")
-    cache = model_kwargs.get("past_key_values")
+    cache = model_kwargs.get(CACHE_KWARG)
     if cache is None:
         raise ValueError("tree speculation needs use_cache=True.")
 
@@ -193,9 +194,9 @@ def tree_speculative_decoding(
         out = model(
             input_ids=input_ids,
             position_ids=torch.arange(prompt_len, device=device)[None],
-            past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
+            **{CACHE_KWARG: cache},
         )
     target_kv.committed = prompt_len
     logits = out.logits[:, -1].float()
@@ -238,7 +239,7 @@ def tree_speculative_decoding(
         """The target's step forward, capturing what the drafter and policy read; the time from ``since`` (the end of
         drafting: building the inputs counts) to its end is the policy's target latency."""
         with capture() as states:
-            out = model(**inputs, past_key_values=cache, use_cache=True)
+            out = model(**inputs, use_cache=True, **{CACHE_KWARG: cache})
         if "latencies" in needs:
             target_mean.add(clock.now() - since)
         return out, states
@@ -306,7 +307,7 @@ def tree_speculative_decoding(
         sequences=input_ids,
         scores=scores,
         logits=raw_logits,
-        past_key_values=cache,
+        **{CACHE_KWARG: cache},
         accepted_lengths=accepted_lengths,
         tree_sizes=tree_sizes,
         draft_forwards=draft_forwards,

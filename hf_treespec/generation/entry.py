@@ -16,6 +16,7 @@ from typing import Any
 
 from transformers import DynamicCache, GenerationConfig, GenerationMixin, LogitsProcessorList, StoppingCriteriaList
 
+from ..compat import CACHE_KWARG
 from .config import TREE_GENERATION_KWARGS
 from .decoding import tree_speculative_decoding
 
@@ -75,9 +76,9 @@ def tree_generate(
         )
     for unused in _UNUSED_BY_THE_LOOP:
         kwargs.pop(unused, None)
-    if kwargs.get("past_key_values") is None and generation_config.use_cache:
+    if kwargs.get(CACHE_KWARG) is None and generation_config.use_cache:
         # releases before 5.6 leave the cache to the decoding method's first forward
-        kwargs["past_key_values"] = DynamicCache(config=model.config)
+        kwargs[CACHE_KWARG] = DynamicCache(config=model.config)
     return tree_speculative_decoding(
         model, input_ids, logits_processor, stopping_criteria, generation_config,
         streamer=streamer, assistant_model=assistant_model, **kwargs,
