@@ -7,6 +7,7 @@ chat template renders ``U+text/`` for user turns and ``A+text/`` for assistant t
 from __future__ import annotations
 
 import json
+import math
 import random
 import string
 from dataclasses import replace
@@ -354,12 +355,13 @@ def test_cli_prepare_train_evaluate(target, tokenizer, tmp_path, capsys):
     assert summary["conversations"] == 4 and summary["tokens"] > 0
     run("prepare", *source, "--num-conversations", "2", "--tree-policy", "chain", "--tree-positions", "all",
         "--output", str(tmp_path / "dev"))
-    common = ["--data", str(tmp_path / "train"), "--max-steps", "2", "--precision", "fp32", "--batch-size", "2",
-              "--draft-vocab-size", "32"]
-    eagle = run("eagle", *common, "--output-dir", str(tmp_path / "eagle"))
+    common = ["--data", str(tmp_path / "train"), "--max-steps", "2", "--batch-size", "2", "--draft-vocab-size", "32"]
+    eagle = run("eagle", *common, "--precision", "fp32", "--output-dir", str(tmp_path / "eagle"))
     assert eagle["steps"] == 2 and (tmp_path / "eagle" / "config.json").is_file()
-    talf = run("talf", *common, "--init", str(tmp_path / "eagle"), "--output-dir", str(tmp_path / "talf"))
-    assert talf["steps"] == 2
+    # bf16 autocast on a CPU: transformers refuses it unless the run says use_cpu, which the command adds
+    talf = run("talf", *common, "--precision", "bf16", "--init", str(tmp_path / "eagle"),
+               "--output-dir", str(tmp_path / "talf"))
+    assert talf["steps"] == 2 and talf["bf16"] and math.isfinite(talf["train_loss"])
     saved = TreeSpecDrafterModel.from_pretrained(tmp_path / "talf")
     assert saved.config.draft_vocab_size == 32 and saved.config.share_target_lm_head  # head not stored
     result = run("evaluate", "--data", str(tmp_path / "dev"), "--drafter", str(tmp_path / "talf"))

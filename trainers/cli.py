@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 from transformers import HfArgumentParser
 
-from hf_treespec.hardware import AUTO_DTYPE, AUTO_DTYPE_HELP, DTYPE_CHOICES, DTYPES, resolve_dtype_name
+from hf_treespec.hardware import AUTO_DTYPE, AUTO_DTYPE_HELP, DTYPE_CHOICES, DTYPES, fast_dtype, resolve_dtype_name
 
 from .regenerate import CHUNK_PREFIX as REGEN_CHUNK_PREFIX
 from .regenerate import add_regenerate_parser
@@ -311,10 +311,15 @@ def _bf16_supported() -> bool:
 
     if torch.cuda.is_available():
         return torch.cuda.is_bf16_supported()
-    try:
-        return "avx512_bf16" in Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
+    return fast_dtype("cpu") == torch.bfloat16  # native bf16 matmuls: avx512_bf16 / AMX
+
+
+def precision_overrides(bf16: bool) -> dict[str, Any]:
+    """``TrainingArguments`` for the training precision. transformers refuses bf16 without a bf16 GPU unless
+    ``use_cpu`` is set, so a bf16 run on a CPU (avx512_bf16 / AMX, where ``--precision auto`` picks it) says so."""
+    import torch
+
+    return {"bf16": bf16, **({"use_cpu": True} if bf16 and not torch.cuda.is_available() else {})}
 
 
 def build_drafter(args, target, data):
@@ -359,7 +364,8 @@ def run_train(args: argparse.Namespace) -> int:
     target, _ = load_target(args.target or data.config.target, dtype=torch.bfloat16)
     drafter = build_drafter(args, target, data)
     bf16 = args.precision == "bf16" or (args.precision == "auto" and _bf16_supported())
-    training_args = config_from_args(trainer_cls.config_class, args, bf16=bf16, **_run_overrides(args, eval_data))
+    training_args = config_from_args(trainer_cls.config_class, args, **precision_overrides(bf16),
+                                     **_run_overrides(args, eval_data))
     trainer = trainer_cls(drafter, training_args, target_model=target, train_dataset=data, eval_dataset=eval_data)
     start = time.perf_counter()
     result = trainer.train(resume_from_checkpoint=_resume_from(args))

@@ -59,7 +59,7 @@ def run_gto(args: argparse.Namespace) -> int:
     from hf_treespec.assets import load_target, shipped_drafter_path
     from hf_treespec.drafters import TreeSpecDrafterModel
 
-    from .cli import _resume_from, _run_overrides, _threads, config_from_args
+    from .cli import _resume_from, _run_overrides, _threads, config_from_args, precision_overrides
     from .data import load_prepared
     from .gto import GTOConfig, GTOTrainer
 
@@ -79,7 +79,8 @@ def run_gto(args: argparse.Namespace) -> int:
     if drafter.config.target_layers != data.config.target_layers:
         raise ValueError(f"--init reads target layers {drafter.config.target_layers}, but --data was prepared with "
                          f"{data.config.target_layers}.")
-    training_args = config_from_args(GTOConfig, args, bf16=args.dtype == "bf16", **_run_overrides(args, eval_data))
+    training_args = config_from_args(GTOConfig, args, **precision_overrides(args.dtype == "bf16"),
+                                     **_run_overrides(args, eval_data))
     trainer = GTOTrainer(drafter, training_args, target_model=target, train_dataset=data, eval_dataset=eval_data)
     start = time.perf_counter()
     result = trainer.train(resume_from_checkpoint=_resume_from(args))
