@@ -10,9 +10,10 @@
 set -euo pipefail
 RUNS=${RUNS:-runs}
 
-# 1. training data: target hidden states only (GTO builds its trees online), ShareGPT train split
+# 1. training data: target hidden states only (GTO builds its trees online), ShareGPT train split, in the shipped
+#    drafter's layout (EAGLE-3 inputs: the target's layers 1, 14 and 26)
 hf-treespec train prepare --split train --num-conversations "${CONVERSATIONS:-400}" --max-length 1024 \
-    --tree-policy none --dtype fp32 --output "$RUNS/data/gto-train"
+    --input-mode eagle3 --tree-policy none --dtype fp32 --output "$RUNS/data/gto-train"
 
 # 2. GTO from the shipped drafter (its frozen copy is the reference)
 if [[ "${SMALL:-0}" == "1" ]]; then
