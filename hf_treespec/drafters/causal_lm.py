@@ -6,8 +6,8 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from ..attention import check_tree_attention
-from ..compat import CACHE_KWARG
 from ..cache import TreeKV
+from ..compat import CACHE_KWARG
 from ..tree import DraftTree
 from .base import DRAFTER_ADAPTERS, Drafter, TargetFeatures
 
