@@ -137,7 +137,6 @@ def test_forward_with_tree_mask_equals_each_path_alone(target, input_mode):
         assert torch.allclose(out.hidden_states[0, 4 + node], alone.hidden_states[0, -1], atol=1e-5)
 
 
-
 @pytest.mark.parametrize("input_mode", ["fc", "eagle3"])
 def test_cache_continues_a_forward_under_both_keyword_names(target, input_mode):
     """The drafter's cache (``out.cache``) continues a forward exactly, passed as ``cache=`` or as
@@ -151,6 +150,9 @@ def test_cache_continues_a_forward_under_both_keyword_names(target, input_mode):
         tail = drafter(ids[:, 4:], feats[:, 4:], use_cache=True, **{name: head.cache})
         assert tail.cache is head.cache and head.cache.get_seq_length() == 7
         torch.testing.assert_close(tail.logits, whole.logits[:, 4:], atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="cache once"):
+        drafter(ids, feats, use_cache=True, cache=head.cache, past_key_values=head.cache)
+
 
 # ----------------------------------------------------------------------------------------- sharing the target
 def test_shared_embeddings_and_head_are_not_saved(target, tmp_path):

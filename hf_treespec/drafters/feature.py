@@ -504,8 +504,11 @@ class TreeSpecDrafterModel(PreTrainedModel):
             raise ValueError(f"features {tuple(features.shape[:2])} and input_ids {tuple(input_ids.shape)} must "
                              "cover the same [batch, positions].")
         embeds = self.embed(input_ids).to(features.dtype)
-        if cache is None:
-            cache = kwargs.pop("past_key_values", None)  # the name callers used before transformers 5.24
+        old_name = kwargs.pop("past_key_values", None)  # the name callers used before transformers 5.24
+        if old_name is not None:
+            if cache is not None:
+                raise ValueError("pass the drafter's cache once: cache= (past_key_values= is its old name).")
+            cache = old_name
         if use_cache and cache is None:
             cache = DynamicCache(config=self.config)
         if position_ids is None:
