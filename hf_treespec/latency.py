@@ -25,13 +25,27 @@ import torch
 #: rows of one calibration forward (root included) and cached-context lengths measured
 CALIBRATION_SIZES = (1, 2, 4, 8, 16, 32, 64)
 CALIBRATION_CONTEXTS = (128, 512)
+#: timed forwards per point when a curve is measured at first use (the fastest is kept)
+FIRST_USE_REPEATS = 3
 #: EMA weight of one online observation
 COST_RATE = 0.1
-#: a drafted step is forced after this many draft-free steps, so a drafter that became useful is noticed; the
-#: interval doubles after every probe slower than a draft-free step (up to MAX_REPROBE_EVERY), so a drafter that never
-#: pays costs next to nothing
+#: after this many draft-free steps a probe of PROBE_STEPS drafted steps runs, so a drafter that became useful is
+#: noticed; the interval doubles after every probe that did not pay (up to MAX_REPROBE_EVERY), so a
+#: drafter that never pays costs next to nothing
 REPROBE_EVERY = 16
 MAX_REPROBE_EVERY = 1024
+PROBE_STEPS = 4
+#: weight kept per new observation by the drafted / draft-free step statistics (a window of ~20 steps of each kind)
+STEP_DECAY = 0.95
+#: the drafter is switched off once the mean gain of at least MIN_EVIDENCE drafted steps (decayed count) is below
+#: zero by SKIP_CONFIDENCE standard errors, one step's gain variance taken as at least GAIN_VARIANCE_FLOOR (tokens^2).
+#: A paying drafter's steps commit 1, 2, 3 ... tokens (variance ~1), so an unlucky start does not switch it off; a
+#: losing one commits ~1 token a step and only timing noise varies, so a loss of 0.1 token per step is still caught
+MIN_EVIDENCE = 8
+SKIP_CONFIDENCE = 2.0
+GAIN_VARIANCE_FLOOR = 0.05
+#: log draft probability of a node's best child before any tree was seen (learned per drafter from its trees)
+CHILD_LOGPROB_PRIOR = math.log(0.5)
 
 
 def _interp(x: float, xs: list[float], ys: list[float]) -> float:
@@ -165,8 +179,10 @@ def calibrate_target(
 ) -> CostCurve:
     """Times one target forward per (rows, context) exactly as a tree verification runs (4D float mask, explicit
     positions, a DynamicCache of ``context`` tokens), keeping the fastest of ``repeats``. One untimed forward per
-    context warms up; at first use (``repeats=1``) this is 16 forwards, ~3 s for SmolLM2-135M on 2 CPU cores, and the
-    online refinement from real steps corrects the noise of single measurements."""
+    context warms up. At first use `load_or_calibrate` keeps the fastest of `FIRST_USE_REPEATS` per point (42 timed
+    forwards, ~8 s for SmolLM2-135M on 2 CPU cores): the cost rule sizes trees by the curve's differences between
+    neighbouring row counts, which single measurements on a noisy machine get wrong (a 4-row forward measured slower
+    than an 8-row one); the online refinement from real steps corrects what remains."""
     from transformers import DynamicCache
 
     from .compat import CACHE_KWARG
@@ -216,6 +232,7 @@ def load_or_calibrate(model: torch.nn.Module, cache_dir: str | Path | None = Non
                 return curve
         except (ValueError, KeyError, TypeError):
             pass  # unreadable or stale: measure again and overwrite
+    kwargs.setdefault("repeats", FIRST_USE_REPEATS)
     curve = calibrate_target(model, **kwargs)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(curve.to_json(), indent=1))
@@ -285,6 +302,47 @@ class EMA:
         self.value = x if self.value is None else self.value + self.rate * (x - self.value)
 
 
+@dataclass
+class DecayedStats:
+    """Decayed count, sum and sum of squares of one per-step quantity: recent steps weigh most."""
+
+    decay: float = STEP_DECAY
+    count: float = 0.0
+    total: float = 0.0
+    squares: float = 0.0
+
+    def add(self, x: float) -> None:
+        self.count = self.decay * self.count + 1.0
+        self.total = self.decay * self.total + x
+        self.squares = self.decay * self.squares + x * x
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.count if self.count else 0.0
+
+    @property
+    def variance(self) -> float:
+        return max(self.squares / self.count - self.mean**2, 0.0) if self.count else 0.0
+
+
+@dataclass
+class RateWindow:
+    """Tokens per second over recent steps of one kind, as a ratio of decayed sums (a mean of per-step rates would
+    be skewed by single lucky or slow steps)."""
+
+    decay: float = STEP_DECAY
+    tokens: float = 0.0
+    seconds: float = 0.0
+
+    def add(self, tokens: float, seconds: float) -> None:
+        self.tokens = self.decay * self.tokens + tokens
+        self.seconds = self.decay * self.seconds + seconds
+
+    @property
+    def rate(self) -> float | None:
+        return self.tokens / self.seconds if self.seconds > 0 else None
+
+
 class DepthAcceptance:
     """Per-depth acceptance of sampled trees with ``k`` paths / siblings, for choosing their shape (k, l).
 
@@ -326,8 +384,12 @@ class SpeedModel:
     """Everything ``tree_budget="auto"`` decides with: target cost curve, drafter cost per forward, acceptance.
 
     ``draft_seconds`` starts at ``draft_prior`` (a fraction of a one-row target step) and follows the measured
-    drafting time per forward; ``drafted_rate`` / ``plain_rate`` follow the realised tokens per second of steps with
-    and without drafts, so `should_draft` can skip the drafter where trees do not pay, re-probing periodically.
+    drafting time per forward. Every step that ran the drafter also records its *gain*: tokens committed minus what
+    draft-free steps commit in the same time (their measured rate, or the cost curve's one-row step before any). The
+    drafter is switched off ("skip") only once the mean gain is below zero by `SKIP_CONFIDENCE` standard errors over
+    enough drafted steps, so a single unlucky step never switches it off; then every ``reprobe_every`` draft-free
+    steps a probe of `PROBE_STEPS` drafted steps adds fresh evidence; the interval doubles after every probe that leaves
+    the mean gain below zero and returns to ``reprobe_every`` once it is above.
     """
 
     def __init__(self, curve: CostCurve, acceptance: AcceptanceTable | None = None, draft_prior: float = 0.3,
@@ -336,11 +398,14 @@ class SpeedModel:
         self.acceptance = acceptance if acceptance is not None else AcceptanceTable()
         self._draft = EMA()
         self._draft_prior = draft_prior
-        self.drafted_rate = EMA()
-        self.plain_rate = EMA()
+        self._child = EMA()
+        self.drafted = RateWindow()  # steps that ran the drafter (reported; the decision reads `gain`)
+        self.plain = RateWindow()  # draft-free steps
+        self.gain = DecayedStats()
         self.reprobe_every = reprobe_every
         self._base_reprobe = reprobe_every
         self._since_draft = 0
+        self._probe_left = 0
         self.depth_acceptance = DepthAcceptance()
         #: (k, l) a sampled policy chose for the step being verified (set by the policy, read by observe_step)
         self.pending_shape: tuple[int, int] | None = None
@@ -354,44 +419,81 @@ class SpeedModel:
             return self._draft.value
         return self._draft_prior * self.curve(1, context)
 
-    def _plain(self, context: int) -> float:
-        return self.plain_rate.value if self.plain_rate.value is not None else 1.0 / self.curve(1, context)
+    @property
+    def child_logprob(self) -> float:
+        """Log of the mean draft probability of an expanded node's best child (how far below its parent the best
+        child scores on average): what the cost rule's lookahead expects of an expansion it has not drafted yet. The
+        mean is taken over probabilities, not logs: acceptance grows with the probability, and a mean of logs would
+        let a few near-zero children drag the estimate far down."""
+        return math.log(self._child.value) if self._child.value is not None else CHILD_LOGPROB_PRIOR
+
+    def observe_children(self, scores: torch.Tensor, parents: torch.Tensor) -> None:
+        """One drafted tree (``scores``: draft log path probabilities, ``parents``: -1 at the root): the mean
+        conditional draft probability of every expanded node's best child."""
+        if parents.numel() < 2:
+            return
+        children = torch.arange(1, parents.numel())
+        best = torch.full_like(scores, -math.inf).scatter_reduce(0, parents[children], scores[children], "amax")
+        expanded = torch.isfinite(best)
+        self._child.add(max(float((best[expanded] - scores[expanded]).exp().mean()), 1e-6))
+
+    def plain_rate(self, context: int) -> float:
+        """Tokens per second of a draft-free step: measured, or one per predicted one-row forward before any."""
+        rate = self.plain.rate
+        return rate if rate is not None else 1.0 / self.curve(1, context)
+
+    def drafting_loses(self) -> bool:
+        """Whether drafted steps have been slower than draft-free ones beyond noise: at least `MIN_EVIDENCE` of them
+        and a mean gain below zero by more than `SKIP_CONFIDENCE` standard errors."""
+        if self.gain.count < MIN_EVIDENCE:
+            return False
+        spread = math.sqrt(max(self.gain.variance, GAIN_VARIANCE_FLOOR) / self.gain.count)
+        return self.gain.mean + SKIP_CONFIDENCE * spread < 0
+
+    def _probing(self) -> bool:
+        return self._probe_left > 0 or self._since_draft + 1 >= self.reprobe_every
 
     def step_mode(self, context: int) -> str:
-        """``"probe"`` after ``reprobe_every`` draft-free steps in a row (draft at least one node, to refresh the
-        acceptance and drafter-cost estimates); ``"skip"`` (no drafter at all) while measured drafted steps have been
-        slower than draft-free ones; else ``"size"``: the per-step cost rule decides (it may still draft nothing)."""
-        if self._since_draft + 1 >= self.reprobe_every:
+        """``"probe"`` within a probe (draft at least one node, to refresh the acceptance, drafter-cost and gain
+        estimates); ``"skip"`` (no drafter at all) while `drafting_loses`; else ``"size"``: the per-step cost rule
+        decides (it may still draft nothing)."""
+        if self._probing():
             return "probe"
-        drafted = self.drafted_rate.value
-        if drafted is not None and drafted <= self._plain(context):
-            return "skip"
-        return "size"
+        return "skip" if self.drafting_loses() else "size"
 
     def observe_step(self, *, tree_scores: torch.Tensor, on_path: torch.Tensor, rows: int, context: int,
                      draft_seconds: float, draft_forwards: int, verify_seconds: float, tokens: int) -> None:
         """One verified step: ``tree_scores``/``on_path`` of its draft nodes (root excluded), ``rows`` verified
-        (root included), measured draft / verify time, tokens committed."""
+        (root included), measured draft / verify time, tokens committed. A step whose drafter ran counts as drafted
+        even when the cost rule then kept no node: it paid for the drafter."""
         self.curve.observe(rows, context, verify_seconds)
         if draft_forwards:
             self._draft.add(draft_seconds / draft_forwards)
-        total = draft_seconds + verify_seconds
         if self.pending_shape is not None:
             k, depth = self.pending_shape
             self.depth_acceptance.observe(k, depth, tokens - 1)
             self.pending_shape = None
         if rows > 1:
             self.acceptance.observe(tree_scores, on_path)
-            self._since_draft = 0
-            if total > 0:
-                rate = tokens / total
-                self.drafted_rate.add(rate)
-                paid = rate > self._plain(context)
-                self.reprobe_every = self._base_reprobe if paid else min(2 * self.reprobe_every, MAX_REPROBE_EVERY)
-        else:
+        total = draft_seconds + verify_seconds
+        if not draft_forwards:
             self._since_draft += 1
             if total > 0:
-                self.plain_rate.add(tokens / total)
+                self.plain.add(tokens, total)
+            return
+        probing = self._probing()
+        self._since_draft = 0
+        if total > 0:
+            self.gain.add(tokens - self.plain_rate(context) * total)
+            self.drafted.add(tokens, total)
+        if probing:
+            self._probe_left = (PROBE_STEPS if self._probe_left == 0 else self._probe_left) - 1
+            if self._probe_left:
+                return
+        if self.gain.mean > 0:  # drafting pays on the evidence so far: probe soon again whenever it is switched off
+            self.reprobe_every = self._base_reprobe
+        elif probing:  # a probe that did not pay: wait twice as long for the next one
+            self.reprobe_every = min(2 * self.reprobe_every, MAX_REPROBE_EVERY)
 
 
 def speed_model_for(model: torch.nn.Module, key: tuple, cache_dir: str | Path | None = None) -> SpeedModel:

@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 
 import pytest
 import torch
 
 import hf_treespec
 from hf_treespec.hardware import Hardware, cpu_info, detect
-from hf_treespec.latency import AcceptanceTable, CostCurve, SpeedModel, calibrate_target, load_or_calibrate
+from hf_treespec.latency import (
+    MAX_REPROBE_EVERY,
+    PROBE_STEPS,
+    REPROBE_EVERY,
+    AcceptanceTable,
+    CostCurve,
+    SpeedModel,
+    calibrate_target,
+    load_or_calibrate,
+)
 from hf_treespec.policies import POLICIES, StepContext
 from hf_treespec.policies.base import DraftSource
 from hf_treespec.policies.auto import TreeSizer
@@ -159,6 +170,120 @@ def test_stopping_rule_on_hand_made_tree():
     sizer.expansions = 1
     sizer.t_draft = 0.005
     assert not sizer.worth_expanding(leaf, torch.tensor([1]))
+
+
+PLAIN_STEP = 0.04  # seconds of a draft-free step in the simulations below
+
+
+def simulate(speed: SpeedModel, steps: int, drafted_step, seed: int = 0) -> list[str]:
+    """Runs ``steps`` decoding steps against ``speed`` as the loop does: "skip" gives a draft-free step (one token in
+    PLAIN_STEP seconds, +-10% noise), "size" / "probe" a drafted one, ``(tokens, seconds) = drafted_step(generator)``.
+    Returns each step's mode."""
+    gen = torch.Generator().manual_seed(seed)
+    modes = []
+    for _ in range(steps):
+        mode = speed.step_mode(256)
+        modes.append(mode)
+        if mode == "skip":
+            seconds = PLAIN_STEP * (0.9 + 0.2 * float(torch.rand(1, generator=gen)))
+            speed.observe_step(tree_scores=torch.zeros(0), on_path=torch.zeros(0, dtype=torch.bool), rows=1,
+                               context=256, draft_seconds=0.0, draft_forwards=0, verify_seconds=seconds, tokens=1)
+        else:
+            tokens, seconds = drafted_step(gen)
+            on_path = torch.arange(4) < tokens - 1
+            speed.observe_step(tree_scores=torch.full((4,), -0.7), on_path=on_path, rows=5, context=256,
+                               draft_seconds=0.2 * seconds, draft_forwards=2, verify_seconds=0.8 * seconds,
+                               tokens=tokens)
+    return modes
+
+
+def geometric_step(accept: float, slowdown: float):
+    """A drafted step: 1 + Geometric(accept) tokens (at most 5), in ``slowdown`` draft-free steps' time (+-20%)."""
+
+    def step(gen: torch.Generator) -> tuple[int, float]:
+        tokens = 1
+        while tokens < 5 and float(torch.rand(1, generator=gen)) < accept:
+            tokens += 1
+        return tokens, slowdown * PLAIN_STEP * (0.8 + 0.4 * float(torch.rand(1, generator=gen)))
+
+    return step
+
+
+def flat_speed() -> SpeedModel:
+    return SpeedModel(curve(lambda n: PLAIN_STEP + 0.0005 * n))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_paying_drafter_is_not_switched_off_by_unlucky_steps(seed):
+    # tau ~1.9 in 1.5 draft-free steps' time: drafting is ~1.25x faster, but single steps often commit one token
+    speed = flat_speed()
+    modes = simulate(speed, 2000, geometric_step(accept=0.47, slowdown=1.5), seed=seed)
+    assert modes.count("skip") / len(modes) < 0.03
+    assert speed.gain.mean > 0 and speed.drafted.rate > speed.plain_rate(256)
+
+
+@pytest.mark.parametrize("accept, slowdown, clear", [(0.1, 1.4, True), (0.0, 1.15, True), (0.1, 1.2, False)])
+def test_losing_drafter_is_switched_off_and_reprobed_in_doubling_intervals(accept, slowdown, clear):
+    # tau ~1.1 (or 1) in 1.4 / 1.15 / 1.2 draft-free steps' time: drafted steps lose ~0.3 / 0.15 / 0.1 tokens each
+    speed = flat_speed()
+    modes = simulate(speed, 4000, geometric_step(accept=accept, slowdown=slowdown))
+    assert "skip" in modes[:40]  # off after a few dozen drafted steps at most ...
+    assert modes.count("skip") / len(modes) > 0.85  # ... and off for most of the run
+    # probes come as bursts of at least PROBE_STEPS drafted steps, after 16, 32, 64 ... draft-free steps
+    text = "".join("s" if m == "skip" else "p" if m == "probe" else "d" for m in modes)
+    runs = re.findall(r"s+|[pd]+", text[text.index("s"):])
+    assert all(r.startswith("p" * PROBE_STEPS) for r in runs[1::2])
+    gaps = [len(r) for r in runs[0:-1:2]]  # the last run is cut by the end of the simulation
+    assert set(gaps) <= {REPROBE_EVERY * 2**i - 1 for i in range(7)}
+    if clear:  # a probe that pays now and then (the marginal loser's lucky streaks) brings the interval back to 16
+        assert gaps == sorted(gaps) and gaps[-1] >= 255
+    assert speed.reprobe_every <= MAX_REPROBE_EVERY
+
+
+def test_drafter_switched_off_by_a_bad_start_comes_back_after_a_probe():
+    speed = flat_speed()
+    bad = simulate(speed, 40, geometric_step(accept=0.0, slowdown=1.6))
+    assert bad[-1] == "skip"
+    good = simulate(speed, 400, geometric_step(accept=0.7, slowdown=1.3), seed=1)
+    assert "probe" in good and good[-100:].count("skip") == 0 and speed.reprobe_every == REPROBE_EVERY
+
+
+def test_a_step_that_ran_the_drafter_but_kept_no_node_counts_as_drafted():
+    speed = flat_speed()
+    for _ in range(12):  # the drafter ran (2 forwards), the cost rule kept the root alone: one token, 1.75 steps' time
+        speed.observe_step(tree_scores=torch.zeros(0), on_path=torch.zeros(0, dtype=torch.bool), rows=1, context=256,
+                           draft_seconds=0.03, draft_forwards=2, verify_seconds=PLAIN_STEP, tokens=1)
+    assert speed.plain.rate is None and speed.gain.count > 9
+    assert speed.step_mode(256) == "skip"
+
+
+def test_best_child_probability_is_learned_from_drafted_trees():
+    speed = SpeedModel(STEEP)
+    assert speed.child_logprob == pytest.approx(math.log(0.5))  # the prior
+    # root -> 0.6 (best), 0.3; node 1 -> 0.2 (its only child); node 2 and 3 are leaves
+    tree = hand_tree([0.6, 0.3, 0.2], [0, 0, 1])
+    speed.observe_children(tree.scores, tree.parents)
+    assert speed.child_logprob == pytest.approx(math.log((0.6 + 0.2) / 2), abs=1e-5)
+    speed.observe_children(torch.zeros(1), torch.tensor([-1]))  # a root alone tells nothing
+    assert speed.child_logprob == pytest.approx(math.log(0.4), abs=1e-5)
+
+
+@pytest.mark.parametrize("best_child, worth", [(0.5, False), (0.95, True)])
+def test_lookahead_expects_the_learned_best_child(best_child, worth):
+    # a chain root -> a (q 0.5) already drafted with one forward; target: 10 ms + 1 ms per row, drafting 2 ms
+    speed = SpeedModel(CostCurve([1, 2, 3, 4, 5, 6], [256], [[0.010, 0.011, 0.012, 0.013, 0.014, 0.015]]))
+    speed.acceptance = FixedAcceptance()
+    speed.observe_children(torch.tensor([0.0, math.log(best_child)]), torch.tensor([-1, 0]))
+    sizer = TreeSizer(speed, 256)
+    sizer.t_draft, sizer.expansions = 0.002, 1
+    tree = hand_tree([0.5], [0])
+    # bounding the next level by a's own acceptance (0.5) would expand: (1.5 + 0.5) / 16 ms > 1.5 / 13 ms; what the
+    # best child is expected to add (0.5 * best_child) pays only for a confident drafter
+    assert sizer.worth_expanding(tree, torch.tensor([1])) is worth
+    # the root's first expansion stays optimistic: a root alone always tries the drafter on this curve
+    root = DraftTree.root(0)
+    sizer.expansions = 0
+    assert sizer.worth_expanding(root, torch.tensor([0]))
 
 
 def test_acceptance_table_learns_and_is_monotone():
