@@ -399,7 +399,7 @@ class SpeedModel:
         self._draft = EMA()
         self._draft_prior = draft_prior
         self._child = EMA()
-        self.drafted = RateWindow()  # steps that ran the drafter (reported; the decision reads `gain`)
+        self.drafted = RateWindow()  # steps that ran the drafter (for inspection; the decision reads `gain`)
         self.plain = RateWindow()  # draft-free steps
         self.gain = DecayedStats()
         self.reprobe_every = reprobe_every
@@ -432,8 +432,7 @@ class SpeedModel:
         conditional draft probability of every expanded node's best child."""
         if parents.numel() < 2:
             return
-        children = torch.arange(1, parents.numel())
-        best = torch.full_like(scores, -math.inf).scatter_reduce(0, parents[children], scores[children], "amax")
+        best = torch.full_like(scores, -math.inf).scatter_reduce(0, parents[1:], scores[1:], "amax")
         expanded = torch.isfinite(best)
         self._child.add(max(float((best[expanded] - scores[expanded]).exp().mean()), 1e-6))
 
