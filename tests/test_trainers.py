@@ -156,6 +156,24 @@ def test_prepare_writes_chunks_and_resumes(target, tokenizer, tmp_path):
         prepare_dataset(target, tokenizer, records, tmp_path, PrepareConfig(chunk_size=3), progress=False)
 
 
+def test_several_prepared_folders_train_together(target, tokenizer, tmp_path):
+    """ShareGPT's and regenerated answers live in separate folders; rows and token counts add up, and folders
+    holding other kinds of rows are refused by name."""
+    first, second, other = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    prepare_dataset(target, tokenizer, conversations(3), first, PrepareConfig(chunk_size=2), progress=False)
+    prepare_dataset(target, tokenizer, conversations(2, seed=7), second, PrepareConfig(chunk_size=1, max_length=64),
+                    progress=False)
+    a, b = load_prepared(first), load_prepared(second)
+    both = load_prepared([first, second])
+    assert len(both.dataset) == 5 and both.dataset[3]["input_ids"] == b.dataset[0]["input_ids"]
+    assert torch.equal(both.token_counts, a.token_counts + b.token_counts) and both.config == a.config
+    prepare_dataset(target, tokenizer, conversations(1), other, PrepareConfig(target_layers=[0, -1]), progress=False)
+    with pytest.raises(ValueError, match=f"{other}.*target_layers"):
+        load_prepared([first, other])
+    with pytest.raises(FileNotFoundError, match="not a prepared data folder"):
+        load_prepared([first, tmp_path])
+
+
 class DirectSource(DraftSource):
     """The reference: the target answers one tree's request with a plain forward per node (prefix + path)."""
 
@@ -355,9 +373,12 @@ def test_cli_prepare_train_evaluate(target, tokenizer, tmp_path, capsys):
     assert summary["conversations"] == 4 and summary["tokens"] > 0
     run("prepare", *source, "--num-conversations", "2", "--tree-policy", "chain", "--tree-positions", "all",
         "--output", str(tmp_path / "dev"))
-    common = ["--data", str(tmp_path / "train"), "--max-steps", "2", "--batch-size", "2", "--draft-vocab-size", "32"]
+    run("prepare", *source, "--num-conversations", "2", "--tree-positions", "3", "--output", str(tmp_path / "more"))
+    common = ["--data", str(tmp_path / "train"), str(tmp_path / "more"), "--max-steps", "2", "--batch-size", "2",
+              "--draft-vocab-size", "32"]
     eagle = run("eagle", *common, "--precision", "fp32", "--output-dir", str(tmp_path / "eagle"))
     assert eagle["steps"] == 2 and (tmp_path / "eagle" / "config.json").is_file()
+    assert eagle["sequences"] == 6  # both folders: 4 + 2 conversations
     # bf16 autocast on a CPU: transformers refuses it unless the run says use_cpu, which the command adds
     talf = run("talf", *common, "--precision", "bf16", "--init", str(tmp_path / "eagle"),
                "--output-dir", str(tmp_path / "talf"))

@@ -252,8 +252,9 @@ def resume_field():
 class DrafterRunArguments:
     """What ``hf-treespec train eagle|hass|talf|ttt`` needs besides the objective's ``TrainingArguments``."""
 
-    data: str = field(metadata={"help": "folder written by `train prepare`"})
-    eval_data: str | None = field(default=None, metadata={"help": "prepared folder evaluated each epoch"})
+    data: list[str] = field(metadata={
+        "help": "folder(s) written by `train prepare`, trained on together (e.g. ShareGPT's and regenerated answers)"})
+    eval_data: list[str] | None = field(default=None, metadata={"help": "prepared folder(s) evaluated each epoch"})
     target: str = field(default="smollm2-135m-instruct",
                         metadata={"help": "target model: asset short name, checkpoint folder or .gguf file"})
     init: str | None = field(default=None, metadata={"help": "start from this drafter (e.g. the EAGLE warm-up)"})
@@ -360,7 +361,7 @@ def run_train(args: argparse.Namespace) -> int:
     data = load_prepared(args.data)
     eval_data = load_prepared(args.eval_data) if args.eval_data else None
     if args.objective == "talf" and data.config.tree_policy is None:
-        raise ValueError(f"{args.data} holds no target trees: prepare it with --tree-policy eagle2 for TALF.")
+        raise ValueError(f"{', '.join(args.data)} holds no target trees: prepare with --tree-policy eagle2 for TALF.")
     target, _ = load_target(args.target or data.config.target, dtype=torch.bfloat16)
     drafter = build_drafter(args, target, data)
     bf16 = args.precision == "bf16" or (args.precision == "auto" and _bf16_supported())

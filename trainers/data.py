@@ -324,25 +324,50 @@ class PreparedData:
         return int(sum(len(ids) for ids in self.dataset["input_ids"]))
 
 
-def load_prepared(path: str | os.PathLike) -> PreparedData:
-    """Loads every finished chunk of a ``prepare_dataset`` folder (unfinished ones are ignored)."""
+#: Settings that decide what a prepared row holds; folders trained on together must agree on them.
+MERGEABLE_KEYS = ("target", "target_layers", "storage_dtype", "tree_policy", "tree_params", "answer_topk")
+
+
+def load_prepared(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> PreparedData:
+    """Loads every finished chunk of one or more ``prepare_dataset`` folders (unfinished chunks are ignored).
+
+    Several folders (e.g. ShareGPT's answers and the target's own from ``train regenerate``) train together when they
+    hold the same kind of rows (:data:`MERGEABLE_KEYS`); their argmax token counts add up. Lengths, chunking and tree
+    sampling may differ. The first folder's settings describe the result.
+    """
     from datasets import concatenate_datasets, load_from_disk
 
-    path = Path(path)
+    paths = [Path(paths)] if isinstance(paths, (str, os.PathLike)) else [Path(p) for p in paths]
+    if not paths:
+        raise ValueError("no prepared data folder given.")
+    config, parts, counts = None, [], None
+    for path in paths:
+        this = _read_config(path)
+        if config is not None:
+            for key in MERGEABLE_KEYS:
+                if getattr(this, key) != getattr(config, key):
+                    raise ValueError(f"{path} was prepared with {key}={getattr(this, key)!r}, {paths[0]} with "
+                                     f"{getattr(config, key)!r}: folders trained together must agree on "
+                                     f"{', '.join(MERGEABLE_KEYS)}.")
+        config = config or this
+        folders = sorted(p for p in path.glob(f"{CHUNK_PREFIX}*")
+                         if p.is_dir() and not p.name.endswith(".tmp") and _chunk_done(p))
+        if not folders:
+            raise ValueError(f"{path} has no finished chunks yet.")
+        parts += [load_from_disk(str(folder)) for folder in folders]
+        folder_counts = sum(torch.load(folder / COUNTS_FILE) for folder in folders)
+        counts = folder_counts if counts is None else counts + folder_counts
+    dataset = concatenate_datasets([p for p in parts if len(p)]) if any(len(p) for p in parts) else parts[0]
+    hidden_size = _hidden_size(dataset, config)
+    return PreparedData(dataset=dataset, config=config, token_counts=counts, hidden_size=hidden_size)
+
+
+def _read_config(path: Path) -> PrepareConfig:
     config_path = path / CONFIG_FILE
     if not config_path.is_file():
         raise FileNotFoundError(f"{path} is not a prepared data folder (no {CONFIG_FILE}); run "
                                 "`hf-treespec train prepare` first.")
-    config = PrepareConfig(**json.loads(config_path.read_text()))
-    folders = sorted(p for p in path.glob(f"{CHUNK_PREFIX}*")
-                     if p.is_dir() and not p.name.endswith(".tmp") and _chunk_done(p))
-    if not folders:
-        raise ValueError(f"{path} has no finished chunks yet.")
-    parts = [load_from_disk(str(folder)) for folder in folders]
-    counts = sum(torch.load(folder / COUNTS_FILE) for folder in folders)
-    dataset = concatenate_datasets([p for p in parts if len(p)]) if any(len(p) for p in parts) else parts[0]
-    hidden_size = _hidden_size(dataset, config)
-    return PreparedData(dataset=dataset, config=config, token_counts=counts, hidden_size=hidden_size)
+    return PrepareConfig(**json.loads(config_path.read_text()))
 
 
 def _hidden_size(dataset, config: PrepareConfig) -> int:

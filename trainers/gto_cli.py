@@ -28,9 +28,9 @@ from .cli import resume_field
 class GTORunArguments:
     """What ``hf-treespec train gto`` needs besides ``GTOConfig``."""
 
-    data: str = field(metadata={"help": "folder written by `train prepare` (no trees needed)"})
-    eval_data: str | None = field(default=None, metadata={"help": "prepared folder evaluated each epoch (rewards, "
-                                                                   "token CE)"})
+    data: list[str] = field(metadata={"help": "folder(s) written by `train prepare` (no trees needed)"})
+    eval_data: list[str] | None = field(default=None, metadata={"help": "prepared folder(s) evaluated each epoch "
+                                                                         "(rewards, token CE)"})
     target: str = field(default="smollm2-135m-instruct",
                         metadata={"help": "target model: asset short name, checkpoint folder or .gguf file"})
     init: str | None = field(default=None, metadata={
