@@ -167,6 +167,7 @@ def test_several_prepared_folders_train_together(target, tokenizer, tmp_path):
     both = load_prepared([first, second])
     assert len(both.dataset) == 5 and both.dataset[3]["input_ids"] == b.dataset[0]["input_ids"]
     assert torch.equal(both.token_counts, a.token_counts + b.token_counts) and both.config == a.config
+    assert both.sources == (str(first), str(second))
     prepare_dataset(target, tokenizer, conversations(1), other, PrepareConfig(target_layers=[0, -1]), progress=False)
     with pytest.raises(ValueError, match=f"{other}.*target_layers"):
         load_prepared([first, other])

@@ -361,8 +361,8 @@ def run_train(args: argparse.Namespace) -> int:
     data = load_prepared(args.data)
     eval_data = load_prepared(args.eval_data) if args.eval_data else None
     if args.objective == "talf" and data.config.tree_policy is None:
-        folders = [args.data] if isinstance(args.data, str) else args.data  # a --config YAML may give one string
-        raise ValueError(f"{', '.join(folders)} holds no target trees: prepare with --tree-policy eagle2 for TALF.")
+        raise ValueError(f"{', '.join(data.sources)} holds no target trees: prepare with --tree-policy eagle2 for "
+                         "TALF.")
     target, _ = load_target(args.target or data.config.target, dtype=torch.bfloat16)
     drafter = build_drafter(args, target, data)
     bf16 = args.precision == "bf16" or (args.precision == "auto" and _bf16_supported())

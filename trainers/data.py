@@ -308,12 +308,13 @@ def _root_positions(mask: torch.Tensor, config: PrepareConfig, index: int) -> li
 # --------------------------------------------------------------------------------------------------------- load
 @dataclass
 class PreparedData:
-    """A prepared folder: the concatenated chunks, the settings they were made with and the argmax token counts."""
+    """Prepared folder(s): the concatenated chunks, the settings they were made with and the argmax token counts."""
 
     dataset: Any
     config: PrepareConfig
     token_counts: torch.Tensor
     hidden_size: int
+    sources: tuple[str, ...] = ()  # the folders it was loaded from, for messages
 
     @property
     def feature_size(self) -> int:
@@ -359,7 +360,8 @@ def load_prepared(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> Pre
         counts = folder_counts if counts is None else counts + folder_counts
     dataset = concatenate_datasets([p for p in parts if len(p)]) if any(len(p) for p in parts) else parts[0]
     hidden_size = _hidden_size(dataset, config)
-    return PreparedData(dataset=dataset, config=config, token_counts=counts, hidden_size=hidden_size)
+    return PreparedData(dataset=dataset, config=config, token_counts=counts, hidden_size=hidden_size,
+                        sources=tuple(map(str, paths)))
 
 
 def _read_config(path: Path) -> PrepareConfig:
