@@ -44,6 +44,8 @@ from .regenerate import add_regenerate_parser
 
 #: TALF's tree at preprocessing (salf_talf section 4.1: EAGLE-2 beam, k=4, depth 3)
 TALF_TREE = {"tree_topk": 4, "tree_depth": 3}
+#: LM-head rows of a new drafter (EAGLE-3's reduced draft vocabulary; ~95% of SmolLM2's own answer tokens)
+DRAFT_VOCAB_SIZE = 8192
 
 
 #: subcommand name -> function adding it to the ``train`` subparsers (registration order = help order)
@@ -258,12 +260,12 @@ class DrafterRunArguments:
     target: str = field(default="smollm2-135m-instruct",
                         metadata={"help": "target model: asset short name, checkpoint folder or .gguf file"})
     init: str | None = field(default=None, metadata={"help": "start from this drafter (e.g. the EAGLE warm-up)"})
-    draft_vocab_size: int = field(default=8192, metadata={
-        "help": "new drafters: LM-head rows, the most frequent target-argmax tokens of --data"})
+    draft_vocab_size: int | None = field(default=None, metadata={
+        "help": f"new drafters: LM-head rows, the most frequent target tokens of --data (default {DRAFT_VOCAB_SIZE})"})
     input_mode: str = field(default="auto", metadata={
         "help": "new drafters: input layout (auto: eagle3 for data with several target layers, else fc)",
         "choices": ["auto", "fc", "eagle3"]})
-    num_layers: int = field(default=1, metadata={"help": "new drafters: decoder layers"})
+    num_layers: int | None = field(default=None, metadata={"help": "new drafters: decoder layers (default 1)"})
     precision: str = field(default="auto", metadata={
         "help": "auto: bf16 autocast where supported (CPUs with avx512_bf16, recent GPUs)",
         "choices": ["auto", "bf16", "fp32"]})
@@ -323,6 +325,18 @@ def precision_overrides(bf16: bool) -> dict[str, Any]:
     return {"bf16": bf16, **({"use_cpu": True} if bf16 and not torch.cuda.is_available() else {})}
 
 
+def _check_init_shape(args, config) -> None:
+    """The shape flags only size new drafters: with ``--init`` they must agree with the loaded one, not be ignored."""
+    given = {"--draft-vocab-size": (args.draft_vocab_size, config.draft_vocab_size),
+             "--num-layers": (args.num_layers, config.num_hidden_layers),
+             "--input-mode": (None if args.input_mode == "auto" else args.input_mode, config.input_mode)}
+    clashes = [f"{flag} {wanted} (it has {has})" for flag, (wanted, has) in given.items()
+               if wanted is not None and wanted != has]
+    if clashes:
+        raise ValueError(f"--init {args.init} is a trained drafter, but {', '.join(clashes)} asks for another shape: "
+                         "these flags size new drafters only; drop them to train on from --init.")
+
+
 def build_drafter(args, target, data):
     """The drafter to train: ``--init`` loaded, or a new one sized from the target and the data's token counts."""
     from hf_treespec.drafters import TreeSpecDrafterConfig, TreeSpecDrafterModel, build_draft_vocab
@@ -332,15 +346,17 @@ def build_drafter(args, target, data):
         if drafter.config.target_layers != data.config.target_layers:
             raise ValueError(f"--init reads target layers {drafter.config.target_layers}, but --data was prepared "
                              f"with {data.config.target_layers}.")
+        _check_init_shape(args, drafter.config)
         return drafter.tie_to_target(target)
     vocab = target.config.get_text_config().vocab_size
-    size = min(args.draft_vocab_size, vocab)
+    size = min(DRAFT_VOCAB_SIZE if args.draft_vocab_size is None else args.draft_vocab_size, vocab)
     from .ttt import infer_input_mode
 
     input_mode = infer_input_mode(args.input_mode, data.config.target_layers)
     config = TreeSpecDrafterConfig.for_target(
         target.config, target_layers=data.config.target_layers, draft_vocab_size=size, input_mode=input_mode,
-        num_hidden_layers=args.num_layers, share_target_embeddings=True, share_target_lm_head=True,
+        num_hidden_layers=1 if args.num_layers is None else args.num_layers, share_target_embeddings=True,
+        share_target_lm_head=True,
     )
     drafter = TreeSpecDrafterModel(config)
     if size < vocab:
