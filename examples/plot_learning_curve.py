@@ -7,6 +7,9 @@ shipped one) takes ``--tokens DIR=N`` (and optionally ``--seconds DIR=S``). Chai
 ``train evaluate --output`` JSON, SALF tau from the ``bench`` summary whose rows ran each drafter
 (``tree:salf@drafter=DIR``; the bench's own ``--drafter`` for plain ``tree:salf``). ``SERIES::DIR`` puts a point on a
 named curve (e.g. ``original::``, ``regenerated::``, ``eagle3::``) so several data sources or layouts share one plot.
+Relative drafter folders inside those files are resolved against the folder the run was started in, taken to be the
+one holding its output (``train evaluate --output acceptance.json``, ``bench --out bench_t0``) when the drafter is
+found there, else the current directory: runs from several working folders combine.
 
     python examples/plot_learning_curve.py --acceptance runs/curve/acceptance.json --bench runs/curve/bench_mt/summary.json \\
         --point runs/curve/talf-c1+runs/curve/eagle-c1 ... --point "$SHIPPED" --tokens "$SHIPPED=411547" \\
@@ -57,7 +60,13 @@ def _pairs(values: list[str], name: str) -> dict[str, float]:
     return pairs
 
 
-def _salf_taus(bench_summary: dict) -> dict[str, float]:
+def _resolve(folder: str, started_in: Path) -> str:
+    """``folder`` as written by a run started in ``started_in`` (if it is there), else relative to the current one."""
+    candidate = started_in / folder
+    return str((candidate if candidate.exists() else Path(folder)).resolve())
+
+
+def _salf_taus(bench_summary: dict, started_in: Path) -> dict[str, float]:
     """drafter folder (resolved) -> tau of its tree:salf row in one bench summary."""
     settings = bench_summary["settings"]
     default = settings.get("drafter")
@@ -68,13 +77,12 @@ def _salf_taus(bench_summary: dict) -> dict[str, float]:
         if method["base_method"].split("@")[0] != "tree:salf" or method.get("sweep_value") is not None:
             continue
         folder = row_drafters.get(method["method"], default)
-        taus[str(Path(folder).resolve())] = method["tau"]
+        taus[_resolve(folder, started_in)] = method["tau"]
     return taus
 
 
 def collect(points: list[str], acceptance: dict, salf: dict[str, float], tokens: dict[str, float],
             seconds: dict[str, float]) -> list[Point]:
-    accept = {str(Path(k).resolve()): v for k, v in acceptance.items()}
     out = []
     for spec in points:
         series, _, spec = spec.rpartition(SERIES_SEP)  # no prefix: series ""
@@ -93,7 +101,7 @@ def collect(points: list[str], acceptance: dict, salf: dict[str, float], tokens:
             time = sum(s["seconds"] for s in summaries)
         else:
             time = None
-        row = accept.get(main, {})
+        row = acceptance.get(main, {})
         out.append(Point(series, main, n, time, row.get("top1_d1"), row.get("tau_chain"), salf.get(main)))
     return sorted(out, key=lambda p: (p.series, p.tokens))
 
@@ -166,11 +174,11 @@ def main() -> int:
     args = parser.parse_args()
 
     acceptance: dict = {}
-    for path in args.acceptance:
-        acceptance.update(json.loads(Path(path).read_text()))
+    for path in map(Path, args.acceptance):  # written by `train evaluate --output` into the folder it ran in
+        acceptance.update({_resolve(k, path.parent): v for k, v in json.loads(path.read_text()).items()})
     salf: dict[str, float] = {}
-    for path in args.bench:
-        salf.update(_salf_taus(json.loads(Path(path).read_text())))
+    for path in map(Path, args.bench):  # <folder it ran in>/<--out>/summary.json
+        salf.update(_salf_taus(json.loads(path.read_text()), path.parent.parent))
     points = collect(args.point, acceptance, salf, _pairs(args.tokens, "--tokens"), _pairs(args.seconds, "--seconds"))
     print(table(points))
     for line in fits(points):

@@ -31,7 +31,8 @@ def test_series_tokens_time_and_fit(curve, tmp_path):
     small, big = _drafter(tmp_path, "a", 1_000, 10.0), _drafter(tmp_path, "b", 10_000, 30.0)
     warm = _drafter(tmp_path, "warm", 1_000, 5.0)
     other = _drafter(tmp_path, "c", 1_000, 7.0)
-    acceptance = {str(small): {"top1_d1": 0.1, "tau_chain": 1.1}, str(big): {"top1_d1": 0.3, "tau_chain": 1.4}}
+    acceptance = {str(small.resolve()): {"top1_d1": 0.1, "tau_chain": 1.1},
+                  str(big.resolve()): {"top1_d1": 0.3, "tau_chain": 1.4}}
     salf = {str(small.resolve()): 1.2, str(big.resolve()): 1.7, str(other.resolve()): 1.5}
     points = curve.collect([f"orig::{big}", f"orig::{small}+{warm}", f"regen::{other}"], acceptance, salf, {}, {})
     assert [(p.series, Path(p.drafter).name, p.tokens) for p in points] == [
@@ -56,3 +57,19 @@ def test_missing_token_count_names_the_folder(curve, tmp_path):
         curve.collect([str(bare)], {}, {}, {}, {})
     point, = curve.collect([str(bare)], {}, {}, {str(bare.resolve()): 5e5}, {})
     assert point.tokens == 500_000 and point.seconds is None
+
+
+def test_relative_drafters_resolve_where_their_run_started(curve, tmp_path, monkeypatch):
+    """Each run wrote drafter folders relative to its own working folder; the plot runs from yet another one."""
+    run_a, run_b = tmp_path / "s1", tmp_path / "s2"
+    run_a.mkdir(), run_b.mkdir()
+    mine, theirs = _drafter(run_a, "talf", 100, 1.0), _drafter(run_b, "talf", 200, 2.0)
+    (run_b / "bench").mkdir()
+    summary = {"settings": {"drafter": "default", "method_drafters": {"tree:salf@drafter=talf": "talf",
+                                                                     "tree:salf@drafter=../s1/talf": "../s1/talf"}},
+               "methods": [{"method": "tree:salf@drafter=talf", "base_method": "tree:salf", "tau": 2.5},
+                           {"method": "tree:salf@drafter=../s1/talf", "base_method": "tree:salf", "tau": 2.0}]}
+    monkeypatch.chdir(tmp_path)
+    taus = curve._salf_taus(summary, run_b)
+    assert taus == {str(theirs.resolve()): 2.5, str(mine.resolve()): 2.0}
+    assert curve._resolve("s1/talf", tmp_path / "elsewhere") == str(mine.resolve())  # not there: the current folder
