@@ -353,10 +353,10 @@ def build_drafter(args, target, data):
     from .ttt import infer_input_mode
 
     input_mode = infer_input_mode(args.input_mode, data.config.target_layers)
+    layers = {} if args.num_layers is None else {"num_hidden_layers": args.num_layers}  # else for_target's one
     config = TreeSpecDrafterConfig.for_target(
         target.config, target_layers=data.config.target_layers, draft_vocab_size=size, input_mode=input_mode,
-        num_hidden_layers=1 if args.num_layers is None else args.num_layers, share_target_embeddings=True,
-        share_target_lm_head=True,
+        share_target_embeddings=True, share_target_lm_head=True, **layers,
     )
     drafter = TreeSpecDrafterModel(config)
     if size < vocab:
