@@ -68,6 +68,7 @@ def test_regenerate_writes_resumable_chunks_and_skips_finished_ones(target, toke
     config = RegenerateConfig(**CONFIG)
     stats = regenerate(target, tokenizer, prompts, tmp_path, config, num_prompts=5, progress=False)
     assert (stats.written, stats.skipped, stats.answers) == (2, 0, 10) and stats.tokens == 60
+    assert stats.next_skip == prompts[4].source_index + 1
     assert sorted(_stamps(tmp_path)) == ["chunk-00000.jsonl", "chunk-00001.jsonl"]
     records = list(iter_regenerated(tmp_path))
     assert [(r["source_index"], r["temperature"]) for r in records] == [
@@ -158,7 +159,14 @@ def test_cli_regenerate_then_prepare(target, tokenizer, tmp_path, capsys):  # no
     assert settings["dtype"] == summary["dtype"] == resolve_dtype_name("auto")  # --dtype auto, recorded as resolved
     assert summary["answers"] == 6 and summary["new_tokens"] == 24 and summary["chunks_written"] == 2
     assert summary["tokens_per_s"] > 0
-    assert run(*regen)["chunks_skipped"] == 2
+    again = run(*regen)
+    assert again["chunks_skipped"] == 2 and again["next_skip"] == summary["next_skip"]
+    # next_skip counts records of the split, unusable ones included: a run from there starts right after this one
+    used = [r["source_index"] for r in iter_regenerated(tmp_path / "regen")]
+    assert max(used) + 1 == summary["next_skip"]
+    more = run(*regen[:-1], str(tmp_path / "regen-more"), "--skip", str(summary["next_skip"]), "--num-prompts", "1")
+    assert min(r["source_index"] for r in iter_regenerated(tmp_path / "regen-more")) >= summary["next_skip"]
+    assert more["next_skip"] > summary["next_skip"]
     prepared = run("prepare", "--data-file", str(tmp_path / "regen"), "--dtype", "fp32", "--tree-policy", "none",
                    "--num-conversations", "0", "--output", str(tmp_path / "data"))
     assert prepared["conversations"] == 6

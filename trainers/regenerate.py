@@ -159,6 +159,7 @@ class RegenerateStats:
     answers: int = 0
     tokens: int = 0
     seconds: float = 0.0
+    next_skip: int | None = None  # the ``skip`` that continues after the last prompt covered (records, not prompts)
 
     @property
     def tokens_per_second(self) -> float:
@@ -188,6 +189,7 @@ def regenerate(
     bar = tqdm(total=total, desc="regenerate", unit="answer", disable=not progress)
     try:
         for index, chunk in enumerate(batched(selected, config.chunk_size)):
+            stats.next_skip = chunk[-1].source_index + 1
             path = folder.chunk_path(index)
             if folder.finished_prompts(path) == len(chunk):
                 stats.skipped += 1
@@ -290,7 +292,9 @@ def add_regenerate_parser(commands) -> argparse.ArgumentParser:
                    help=f"target dtype; {AUTO_DTYPE_HELP}")
     p.add_argument("--device", default="auto", help="'auto' (cuda when available), 'cpu', 'cuda', 'cuda:1' ...")
     p.add_argument("--split", default="train", choices=["train", "dev"], help="ShareGPT split of the prompts")
-    p.add_argument("--skip", type=int, default=0, help="skip the first N records of the split")
+    p.add_argument("--skip", type=int, default=0,
+                   help="skip the first N records of the split (records, usable or not: to continue after a run, "
+                        "pass its summary's next_skip)")
     p.add_argument("--num-prompts", type=int, default=1000, help="prompts to answer (0 = the whole split)")
     p.add_argument("--max-prompt-tokens", type=int, default=1024, help="skip prompts longer than this")
     p.add_argument("--max-new-tokens", type=int, default=512, help="answer length cap")
@@ -328,7 +332,7 @@ def run_regenerate(args: argparse.Namespace) -> int:
     stats = regenerate(model, tokenizer, prompts, args.output, config, num_prompts=args.num_prompts or None,
                        progress=not args.no_progress)
     summary = {"output": str(args.output), "chunks_written": stats.written, "chunks_skipped": stats.skipped,
-               "chunks_redone": stats.redone, "answers": stats.answers, "new_tokens": stats.tokens,
+               "chunks_redone": stats.redone, "next_skip": stats.next_skip, "answers": stats.answers, "new_tokens": stats.tokens,
                "generate_seconds": round(stats.seconds, 1), "tokens_per_s": round(stats.tokens_per_second, 1),
                "seconds": round(time.perf_counter() - start, 1), "device": device, "dtype": args.dtype}
     print(json.dumps(summary))
