@@ -338,7 +338,7 @@ def test_a_row_with_its_own_drafter(tiny, questions_file, monkeypatch):
 
 def test_drafter_factories_get_the_target_name(tiny):
     model, _, _ = tiny
-    assert set(DRAFTER_FACTORIES) == {"truncated", "lookup", "default"}
+    assert set(DRAFTER_FACTORIES) == {"truncated", "lookup", "default", "oracle"}
     # default = the drafter shipped for the benchmarked target; default:<name> names another target
     with pytest.raises(ValueError, match="--drafter 'default': no drafter ships for 'my-target'"):
         load_drafter("default", model, "fp32", target_name="my-target")
@@ -347,6 +347,22 @@ def test_drafter_factories_get_the_target_name(tiny):
     with pytest.raises(ValueError, match="expected a whole number after ':', got 'x'"):
         load_drafter("truncated:x", model, "fp32")
     assert load_drafter("truncated:2", model, "fp32") is not model
+
+
+def test_oracle_drafter_is_the_whole_target_and_accepts_every_greedy_draft(tiny):
+    """``--drafter oracle`` measures the ceiling of a policy: its draft distribution is the target's own, so a
+    greedy chain is accepted whole at every step (fp32)."""
+    model, _, _ = tiny
+    oracle = load_drafter("oracle", model, "fp32")
+    assert oracle.config.num_hidden_layers == model.config.num_hidden_layers and oracle.lm_head is model.lm_head
+    with pytest.raises(ValueError, match="'oracle' takes no argument"):
+        load_drafter("oracle:3", model, "fp32")
+    prompt = torch.tensor([[5, 6, 7, 8, 9]])
+    out = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=21,
+                         assistant_model=oracle, tree_policy="chain", tree_depth=4, return_dict_in_generate=True)
+    assert out.accepted_lengths == [5, 5, 5, 5]  # 1 prefill token + 4 steps of 4 drafts and the bonus token
+    plain = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=21)
+    assert torch.equal(out.sequences, plain)
 
 
 @LOOKUP_WITHOUT_EOS

@@ -79,12 +79,24 @@ def _default_drafter(model: torch.nn.Module, arg: str, target_name: str | None) 
     return default_drafter(model) if name is None else default_drafter(model, target=name)
 
 
+def _oracle_drafter(model: torch.nn.Module, arg: str, target_name: str | None) -> torch.nn.Module:
+    """``oracle``: the target drafting for itself (every layer, shared weights). Its draft distribution is the
+    target's, so its tau is the most any drafter can reach with a given policy and budget; it is slow by design."""
+    if arg:
+        raise ValueError(f"'oracle' takes no argument (it is the whole target), got {arg!r}.")
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None:
+        raise ValueError(f"'oracle' needs a decoder-only target with `model.layers`; got {type(model).__name__}.")
+    return truncated(model, len(layers))
+
+
 #: --drafter "<kind>[:<arg>]" -> factory(target model, arg, target name as given to --model or None); any other spec
 #: is a checkpoint path or hub id
 DRAFTER_FACTORIES: dict[str, Callable[[torch.nn.Module, str, str | None], torch.nn.Module]] = {
     "truncated": lambda model, arg, target_name: truncated(model, _whole_number(arg)),
     "lookup": lambda model, arg, target_name: prompt_lookup(model, max_ngram_size=_whole_number(arg, default=3)),
     "default": _default_drafter,
+    "oracle": _oracle_drafter,
 }
 
 
@@ -181,7 +193,8 @@ def load_model(name_or_path: str, dtype: str) -> tuple[torch.nn.Module, Any]:
 
 
 def load_drafter(spec: str, model: torch.nn.Module, dtype: str, target_name: str | None = None) -> torch.nn.Module:
-    """``truncated:k`` (the target's first k layers, no copy), ``lookup[:n]``, ``default[:<target>]`` (the drafter
+    """``truncated:k`` (the target's first k layers, no copy), ``oracle`` (the whole target: the ceiling of any
+    drafter), ``lookup[:n]``, ``default[:<target>]`` (the drafter
     shipped for ``target_name``, the name ``model`` was loaded from; without one, for SmolLM2-135M-Instruct), or a
     checkpoint path / hub id.
 
