@@ -15,6 +15,9 @@ found there, else the current directory: runs from several working folders combi
         --point runs/curve/talf-c1+runs/curve/eagle-c1 ... --point "$SHIPPED" --tokens "$SHIPPED=411547" \\
         --out docs/img/learning_curve.png
 
+``--level "LABEL=TAU"`` draws a horizontal reference, e.g. a goal or the ceiling a perfect drafter reaches with
+the same trees (``hf-treespec bench --drafter oracle``).
+
 Prints a Markdown table (tokens, training time, depth-1 top-1, chain tau, SALF tau), each series' least-squares slope
 of tau per 10x of training tokens, and writes the PNG.
 """
@@ -139,7 +142,21 @@ def fits(points: list[Point]) -> list[str]:
     return lines
 
 
-def plot(points: list[Point], out: str, title: str) -> None:
+def levels(values: list[str]) -> dict[str, float]:
+    """``--level "LABEL=TAU"`` -> {label: tau}: horizontal references such as a goal or a perfect drafter's tau."""
+    found = {}
+    for value in values:
+        label, sep, number = value.rpartition("=")
+        try:
+            found[label] = float(number)
+        except ValueError:
+            sep = ""
+        if not sep or not label:
+            raise SystemExit(f"--level expects LABEL=TAU, got {value!r}")
+    return found
+
+
+def plot(points: list[Point], out: str, title: str, references: dict[str, float] | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -151,6 +168,8 @@ def plot(points: list[Point], out: str, title: str) -> None:
     for series, attr, label, tokens, values in _curves(points):
         style = "o-" if attr == "salf_tau" else "s--"
         axis.plot(tokens, values, style, color=color_of[series], label=f"{series}: {label}" if series else label)
+    for index, (label, tau) in enumerate((references or {}).items()):
+        axis.axhline(tau, color="0.35", linestyle=(0, (1, 2 + index)), linewidth=1, label=label)
     axis.set_xscale("log")
     axis.set(xlabel="training tokens", ylabel="tau (tokens per target forward)", title=title)
     axis.grid(alpha=0.3, which="both")
@@ -169,6 +188,8 @@ def main() -> int:
     parser.add_argument("--bench", action="append", default=[], help="summary.json of a bench with tree:salf rows")
     parser.add_argument("--tokens", action="append", default=[], help="DIR=N for a drafter without a summary")
     parser.add_argument("--seconds", action="append", default=[], help="DIR=S training time, overriding the summary")
+    parser.add_argument("--level", action="append", default=[],
+                        help="LABEL=TAU, a horizontal reference line (a goal, the tau of `bench --drafter oracle`)")
     parser.add_argument("--out", default="learning_curve.png")
     parser.add_argument("--title", default="drafter acceptance vs training data")
     args = parser.parse_args()
@@ -183,7 +204,7 @@ def main() -> int:
     print(table(points))
     for line in fits(points):
         print(line)
-    plot(points, args.out, args.title)
+    plot(points, args.out, args.title, levels(args.level))
     print(f"wrote {args.out}")
     return 0
 

@@ -48,6 +48,12 @@ def test_series_tokens_time_and_fit(curve, tmp_path):
     out = tmp_path / "curve.png"
     curve.plot(points, str(out), "t")
     assert out.stat().st_size > 0
+    references = curve.levels(["goal=3.0", "perfect drafter, x=y=4.2"])
+    assert references == {"goal": 3.0, "perfect drafter, x=y": 4.2}  # the label may hold '=' and ','
+    curve.plot(points, str(out), "t", references)
+    for bad in ("goal", "goal=x", "=3"):
+        with pytest.raises(SystemExit, match="LABEL=TAU"):
+            curve.levels([bad])
 
 
 def test_missing_token_count_names_the_folder(curve, tmp_path):
