@@ -63,13 +63,17 @@ if run train; then
 fi
 
 # 4. held-out acceptance per depth (chain tau) and SALF on MT-bench first turns (40 questions, 128 tokens),
-#    greedy and at temperature 1, against plain generate and transformers' assisted generation in the same run.
+#    greedy and at temperature 1, against plain generate and transformers' assisted generation in the same run
+#    (assisted_lookup: transformers' assisted_drafter needs a causal-LM drafter, not a feature drafter).
 if run evaluate; then
     $HF train evaluate --data "$RUNS/data/dev-e3" --drafter "$RUNS/ttt-e3" $THREADS_OPT \
         --output "$RUNS/ttt-e3/acceptance.json"
     for T in 0 1; do
-        $HF bench --drafter "$RUNS/ttt-e3" --methods plain,assisted_drafter,tree:salf --num-questions 40 \
+        $HF bench --drafter "$RUNS/ttt-e3" --methods plain,assisted_lookup,tree:salf --num-questions 40 \
             --max-new-tokens 128 --temperature "$T" --dtype "$DTYPE" --repeats 3 --out "$RUNS/bench-e3-T$T"
+        # the same trees drafted by the target itself: the tau ceiling this drafter is measured against
+        $HF bench --drafter oracle --methods tree:salf --num-questions 40 --max-new-tokens 128 --temperature "$T" \
+            --dtype "$DTYPE" --out "$RUNS/bench-oracle-T$T"
     done
     # fp32 greedy identity with plain generate (20/20 expected)
     $HF bench --drafter "$RUNS/ttt-e3" --methods plain,tree:salf --num-questions 20 --max-new-tokens 128 \
