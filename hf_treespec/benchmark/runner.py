@@ -84,10 +84,7 @@ def _oracle_drafter(model: torch.nn.Module, arg: str, target_name: str | None) -
     target's, so its tau is the most any drafter can reach with a given policy and budget; it is slow by design."""
     if arg:
         raise ValueError(f"'oracle' takes no argument (it is the whole target), got {arg!r}.")
-    layers = getattr(getattr(model, "model", None), "layers", None)
-    if layers is None:
-        raise ValueError(f"'oracle' needs a decoder-only target with `model.layers`; got {type(model).__name__}.")
-    return truncated(model, len(layers))
+    return truncated(model, model.config.get_text_config().num_hidden_layers)  # truncated() checks the layout
 
 
 #: --drafter "<kind>[:<arg>]" -> factory(target model, arg, target name as given to --model or None); any other spec
