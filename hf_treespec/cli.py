@@ -34,9 +34,9 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="target: asset short name, checkpoint folder, .gguf file or hub id")
     parser.add_argument("--drafter", default="default",
                         help="default (the feature drafter shipped for --model: hf_treespec.assets.default_drafter), "
-                             "truncated:K (target's first K layers), oracle (the whole target drafting for itself: the tau "
-                             "ceiling of any drafter for a policy and budget), lookup:N (prompt-lookup tree drafting with n-grams "
-                             "up to N), a checkpoint path / hub id, or 'none'")
+                             "truncated:K (target's first K layers), oracle (the whole target drafting for itself: "
+                             "the tau ceiling of any drafter for a policy and budget), lookup:N (prompt-lookup tree "
+                             "drafting with n-grams up to N), a checkpoint path / hub id, or 'none'")
     parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
                         help=AUTO_DTYPE_HELP)
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads for every method")

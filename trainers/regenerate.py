@@ -332,7 +332,8 @@ def run_regenerate(args: argparse.Namespace) -> int:
     stats = regenerate(model, tokenizer, prompts, args.output, config, num_prompts=args.num_prompts or None,
                        progress=not args.no_progress)
     summary = {"output": str(args.output), "chunks_written": stats.written, "chunks_skipped": stats.skipped,
-               "chunks_redone": stats.redone, "next_skip": stats.next_skip, "answers": stats.answers, "new_tokens": stats.tokens,
+               "chunks_redone": stats.redone, "next_skip": stats.next_skip, "answers": stats.answers,
+               "new_tokens": stats.tokens,
                "generate_seconds": round(stats.seconds, 1), "tokens_per_s": round(stats.tokens_per_second, 1),
                "seconds": round(time.perf_counter() - start, 1), "device": device, "dtype": args.dtype}
     print(json.dumps(summary))
