@@ -70,6 +70,9 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
                              "5 questions, 64 new tokens, 1 repeat, and the cost curve (explicit options win)")
     parser.add_argument("--cost-curve", action="store_true",
                         help="add the target's measured verification cost curve to the report (on with --quick)")
+    parser.add_argument("--batch-size", default=None, metavar="B1,B2,..",
+                        help="batched generate instead: total tokens/s of plain and tree methods on left-padded "
+                             "batches of these sizes (e.g. 1,4,16), with a speedup-vs-batch plot")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.set_defaults(handler=run_bench)
 
@@ -109,6 +112,15 @@ def bench_config(args: argparse.Namespace):
 def run_bench(args: argparse.Namespace) -> int:
     from .benchmark.report import write_report
     from .benchmark.runner import run_benchmark
+
+    if args.batch_size:
+        from .benchmark.batched import run_batched_benchmark, write_batched_report
+
+        sizes = [int(x) for x in args.batch_size.split(",") if x.strip()]
+        rows, settings = run_batched_benchmark(bench_config(args), sizes)
+        folder = write_batched_report(rows, settings, args.out)
+        print(f"wrote {folder}/ (batched.md, batched.json, batched.png)")
+        return 0
 
     result = run_benchmark(bench_config(args))
     folder = write_report(result, args.out, echo=True)

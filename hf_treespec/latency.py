@@ -393,8 +393,11 @@ class SpeedModel:
     """
 
     def __init__(self, curve: CostCurve, acceptance: AcceptanceTable | None = None, draft_prior: float = 0.3,
-                 reprobe_every: int = REPROBE_EVERY):
+                 reprobe_every: int = REPROBE_EVERY, batch: int = 1):
         self.curve = curve
+        #: rows decoded together: a step verifies ``batch`` trees in one forward and drafts them one after another,
+        #: so it is priced at ``batch x nodes`` target rows and ``batch`` draft forwards per expansion
+        self.batch = batch
         self.acceptance = acceptance if acceptance is not None else AcceptanceTable()
         self._draft = EMA()
         self._draft_prior = draft_prior
@@ -411,13 +414,19 @@ class SpeedModel:
         self.pending_shape: tuple[int, int] | None = None
 
     def target_seconds(self, rows: int, context: int) -> float:
-        return self.curve(rows, context)
+        """Predicted seconds of a step verifying ``rows`` rows (root included) in each of the batch's trees."""
+        return self.curve(rows * self.batch, context)
+
+    def step_costs(self, max_rows: int, context: int) -> torch.Tensor:
+        """``[max_rows]`` predicted seconds of a step verifying 1..max_rows rows per tree, the batch's total rows
+        priced on the cost curve (a ``[B, n]`` forward read as ``B x n`` rows of one sequence: equal matmul work)."""
+        return self.curve.costs(max_rows * self.batch, context)[self.batch - 1 :: self.batch]
 
     def draft_seconds(self, context: int) -> float:
-        """Seconds per draft forward (measured mean, or the prior before any)."""
+        """Seconds per draft expansion of the whole batch (measured mean per forward, or the prior before any)."""
         if self._draft.value is not None:
-            return self._draft.value
-        return self._draft_prior * self.curve(1, context)
+            return self._draft.value * self.batch
+        return self._draft_prior * self.curve(1, context) * self.batch
 
     @property
     def child_logprob(self) -> float:
@@ -439,7 +448,7 @@ class SpeedModel:
     def plain_rate(self, context: int) -> float:
         """Tokens per second of a draft-free step: measured, or one per predicted one-row forward before any."""
         rate = self.plain.rate
-        return rate if rate is not None else 1.0 / self.curve(1, context)
+        return rate if rate is not None else 1.0 / self.curve(self.batch, context)
 
     def drafting_loses(self) -> bool:
         """Whether drafted steps have been slower than draft-free ones beyond noise: at least `MIN_EVIDENCE` of them
@@ -461,11 +470,16 @@ class SpeedModel:
         return "skip" if self.drafting_loses() else "size"
 
     def observe_step(self, *, tree_scores: torch.Tensor, on_path: torch.Tensor, rows: int, context: int,
-                     draft_seconds: float, draft_forwards: int, verify_seconds: float, tokens: int) -> None:
+                     draft_seconds: float, draft_forwards: int, verify_seconds: float, tokens: int,
+                     step_seconds: float | None = None, observe_cost: bool = True) -> None:
         """One verified step: ``tree_scores``/``on_path`` of its draft nodes (root excluded), ``rows`` verified
         (root included), measured draft / verify time, tokens committed. A step whose drafter ran counts as drafted
-        even when the cost rule then kept no node: it paid for the drafter."""
-        self.curve.observe(rows, context, verify_seconds)
+        even when the cost rule then kept no node: it paid for the drafter. In a batch every row reports its own
+        step: ``rows`` is the packed tree width, ``draft_seconds`` its own drafting, ``step_seconds`` the whole
+        batch step (what its tokens are weighed against), and only one row per step moves the cost curve
+        (``observe_cost``)."""
+        if observe_cost:
+            self.curve.observe(rows * self.batch, context, verify_seconds)
         if draft_forwards:
             self._draft.add(draft_seconds / draft_forwards)
         if self.pending_shape is not None:
@@ -474,7 +488,7 @@ class SpeedModel:
             self.pending_shape = None
         if rows > 1:
             self.acceptance.observe(tree_scores, on_path)
-        total = draft_seconds + verify_seconds
+        total = draft_seconds + verify_seconds if step_seconds is None else step_seconds
         if not draft_forwards:
             self._since_draft += 1
             if total > 0:
@@ -495,14 +509,15 @@ class SpeedModel:
             self.reprobe_every = min(2 * self.reprobe_every, MAX_REPROBE_EVERY)
 
 
-def speed_model_for(model: torch.nn.Module, key: tuple, cache_dir: str | Path | None = None) -> SpeedModel:
+def speed_model_for(model: torch.nn.Module, key: tuple, cache_dir: str | Path | None = None,
+                    batch: int = 1) -> SpeedModel:
     """The `SpeedModel` of ``model`` for ``key`` (drafter, sampling settings ...), kept on the model instance so it
     keeps learning across ``generate`` calls; the cost curve is shared per (dtype, device, threads)."""
     store = model.__dict__.setdefault("_treespec_speed_models", {})
     curve_key = ("curve", str(model.dtype), str(next(model.parameters()).device), torch.get_num_threads())
     if curve_key not in store:
         store[curve_key] = load_or_calibrate(model, cache_dir)
-    full_key = (curve_key, *key)
+    full_key = (curve_key, *key, batch)
     if full_key not in store:
-        store[full_key] = SpeedModel(store[curve_key])
+        store[full_key] = SpeedModel(store[curve_key], batch=batch)
     return store[full_key]

@@ -72,9 +72,12 @@ def test_bad_salf_threshold(target, drafters, prompt):
         gen(target, prompt, drafters["copy"], tree_policy="salf", salf_threshold=1.5)
 
 
-def test_batch_size_two(target, drafters):
-    with pytest.raises(ValueError, match="batch size 1"):
-        gen(target, torch.randint(0, 64, (2, 5)), drafters["copy"], tree_policy="salf")
+def test_all_padding_prompt_row(target, drafters):
+    ids = torch.randint(0, 64, (2, 5))
+    mask = torch.ones_like(ids)
+    mask[1] = 0
+    with pytest.raises(ValueError, match="all padding"):
+        gen(target, ids, drafters["copy"], tree_policy="salf", attention_mask=mask, pad_token_id=0)
 
 
 def test_empty_prompt(target, drafters):

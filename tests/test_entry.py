@@ -99,8 +99,9 @@ def test_custom_generate_errors_are_clear(stock, stock_drafter, prompt):
         stock.generate(prompt, assistant_model=stock_drafter, **kwargs)
     with pytest.raises(ValueError, match="tree_policy needs a drafter"):
         stock.generate(prompt, tree_policy="salf", **kwargs)
-    with pytest.raises(ValueError, match="batch size 1"):
-        stock.generate(prompt.repeat(2, 1), assistant_model=stock_drafter, tree_policy="salf", **kwargs)
+    with pytest.raises(ValueError, match="left padding"):
+        stock.generate(prompt.repeat(2, 1), attention_mask=torch.tensor([[1] * prompt.shape[1], [1, 1] + [0] * (
+            prompt.shape[1] - 2)]), assistant_model=stock_drafter, tree_policy="salf", pad_token_id=0, **kwargs)
     with pytest.raises(ValueError, match="Unknown.*'nope'.*salf"):
         stock.generate(prompt, assistant_model=stock_drafter, tree_policy="nope", **kwargs)
     with pytest.raises(ValueError, match="tree_budget"):

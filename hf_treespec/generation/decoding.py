@@ -4,99 +4,23 @@ from __future__ import annotations
 
 import functools
 from contextlib import nullcontext
-from dataclasses import dataclass
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
-from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..attention import check_tree_attention
 from ..cache import TreeKV
 from ..compat import CACHE_KWARG
-from ..drafters.base import Drafter, TargetFeatures, as_drafter
+from ..drafters.base import TargetFeatures
 from ..features import capture_hidden_states
-from ..policies import POLICIES, TreePolicy
 from ..step_context import StepContext, sampling_params
 from ..timing import Clock, RunningMean
 from ..tree import DraftTree
-from ..verifiers import VERIFIERS, Verifier
-from .config import TreeSpecSettings
+from .batched import batched_tree_decoding
+from .components import TreeSpecGenerateOutput, auto_speed_model, check_drafter, check_no_beams, resolve
 from .draft_source import WarpedDraftSource
 from .processors import process_tree_logits
-
-
-@dataclass
-class TreeSpecGenerateOutput(GenerateDecoderOnlyOutput):
-    """`GenerateDecoderOnlyOutput` plus what a speculative run costs and gains.
-
-    Attributes:
-        accepted_lengths: tokens committed per target forward after the prefill (accepted drafts + 1, fewer when a
-            stopping criterion cut the chunk), so their mean is tau.
-        tree_sizes: draft nodes verified per step.
-        draft_seconds / verify_seconds / total_seconds: wall-clock split (verify = target forward + verification).
-        drafted_steps: steps that verified at least one draft node; the others ran the target alone (one token, a
-            plain ``generate`` step), which ``tree_budget="auto"`` chooses where no tree pays on this hardware.
-    """
-
-    accepted_lengths: list[int] | None = None
-    tree_sizes: list[int] | None = None
-    draft_forwards: int | None = None
-    draft_seconds: float | None = None
-    verify_seconds: float | None = None
-    total_seconds: float | None = None
-    drafted_steps: int | None = None
-
-
-def check_no_beams(generation_config: GenerationConfig) -> None:
-    """Refuses beam search: generate would expand the prompt into beams and silently drop them for a decoding method."""
-    beams = getattr(generation_config, "num_beams", None) or 1
-    if beams > 1:
-        raise ValueError(
-            f"tree_policy cannot be combined with num_beams={beams}: tree speculation decodes one sequence (greedy "
-            "or sampled), and generate would silently drop beam search. Use num_beams=1 with tree_policy, or drop "
-            "tree_policy to run beam search."
-        )
-
-
-def resolve(generation_config: GenerationConfig, drafter: Drafter | None = None) -> tuple[TreePolicy, Verifier]:
-    """Builds the policy and verifier named in the generation config, refusing pairs that would not be lossless.
-    Kwargs left unset may be filled from what ships with ``drafter`` (``TreePolicy.defaults_from_drafter``)."""
-    settings = TreeSpecSettings.from_generation_config(generation_config)
-    check_no_beams(generation_config)
-    policy_cls = POLICIES.get(settings.policy)
-    params = {k: v for k, v in settings.policy_params.items() if k in policy_cls.defaults and v is not None}
-    if drafter is not None:
-        params = {**policy_cls.defaults_from_drafter(drafter), **params}
-    ignored = [k for k, v in settings.policy_params.items() if v is not None and k not in policy_cls.defaults]
-    if ignored:
-        raise ValueError(
-            f"tree_policy={settings.policy!r} does not use {ignored}; it takes {sorted(policy_cls.defaults)}."
-        )
-    policy = policy_cls(do_sample=settings.do_sample, **params)
-    verifier_name = settings.verifier or ("greedy" if not settings.do_sample else policy.default_verifier)
-    verifier_cls = VERIFIERS.get(verifier_name)
-    verifier_cls.check_compatible(
-        policy.regime_for(), is_chain=policy.is_chain, do_sample=settings.do_sample, policy=settings.policy
-    )
-    return policy, verifier_cls()
-
-
-def check_drafter(target: torch.nn.Module, assistant: torch.nn.Module | None) -> Drafter:
-    if assistant is None:
-        raise ValueError(
-            "tree_policy needs a drafter: pass assistant_model= (an AutoModelForCausalLM with the same vocabulary, "
-            "a TreeSpecDrafterModel, or hf_treespec.drafters.truncated(model, num_layers=k))."
-        )
-    drafter = as_drafter(assistant, target=target)
-    target_vocab = int(target.config.get_text_config().vocab_size)
-    if drafter.vocab_size != target_vocab:
-        raise ValueError(
-            f"The drafter's vocabulary ({drafter.vocab_size} tokens) does not match the target's ({target_vocab}). "
-            "Tree speculation verifies draft token ids directly, so both must share one tokenizer; pick a drafter "
-            "trained on the target's tokenizer (transformers' universal assisted decoding, without tree_policy, "
-            "handles different tokenizers)."
-        )
-    return drafter
+from .stopping import tokens_before_stop
 
 
 def returns_outside_inference_mode(decode):
@@ -133,17 +57,18 @@ def tree_speculative_decoding(
 ):
     """The tree-speculative decoding loop (``generate``'s decoding-method inputs and outputs; entry: ``tree_generate``)."""
     check_no_beams(generation_config)  # before the batch check: generate has already expanded the prompt into beams
-    if input_ids.shape[0] != 1:
-        raise ValueError(f"tree speculation supports batch size 1 (got {input_ids.shape[0]}); loop over prompts.")
     if input_ids.shape[1] == 0:
         raise ValueError("tree speculation needs a non-empty prompt.")
-    mask = model_kwargs.get("attention_mask")
-    if mask is not None and not bool(mask.all()):
-        raise ValueError("tree speculation does not support padded prompts (attention_mask with zeros).")
     if generation_config.output_attentions or generation_config.output_hidden_states:
         raise ValueError(
             "output_attentions / output_hidden_states are not available with tree_policy: tree forwards mix "
             "rejected branches into those tensors. Drop tree_policy to get them."
+        )
+    mask = model_kwargs.get("attention_mask")
+    if input_ids.shape[0] != 1 or (mask is not None and not bool(mask.all())):
+        return batched_tree_decoding(
+            model, input_ids, logits_processor, stopping_criteria, generation_config,
+            streamer=streamer, assistant_model=assistant_model, **model_kwargs,
         )
     drafter = check_drafter(model, assistant_model)
     policy, verifier = resolve(generation_config, drafter)
@@ -218,14 +143,9 @@ def tree_speculative_decoding(
         start = input_ids.shape[1]
         extended = torch.cat([input_ids, tokens.view(1, -1).to(device)], dim=1)
         step_scores = tuple(proc_rows[i : i + 1] for i in range(tokens.numel())) if scores is not None else None
-        verdicts = [
-            stopping_criteria(extended[:, : start + i + 1], None if scores is None else scores + step_scores[: i + 1])
-            .any().reshape(1)
-            for i in range(tokens.numel())
-        ]
-        stops = torch.cat(verdicts).cpu()
-        done = bool(stops.any())
-        count = int(stops.int().argmax()) + 1 if done else int(tokens.numel())
+        done, count = tokens_before_stop(
+            stopping_criteria, extended, start, None if scores is None else scores + step_scores
+        )
         input_ids = extended[:, : start + count]
         if scores is not None:
             scores += step_scores[:count]
@@ -316,19 +236,6 @@ def tree_speculative_decoding(
         total_seconds=clock.now() - t_start,
         drafted_steps=sum(size > 0 for size in tree_sizes),
     )
-
-
-def auto_speed_model(model, drafter: Drafter, policy: TreePolicy, generation_config: GenerationConfig):
-    """The `SpeedModel` an auto-sized policy decides with (None otherwise): kept on the target per (drafter,
-    sampling settings), its cost curve calibrated at first use and cached on disk (`hf_treespec.latency`)."""
-    if not policy.auto_sized:
-        return None
-    from ..latency import speed_model_for
-
-    assistant = getattr(drafter, "model", drafter)
-    key = (id(assistant), getattr(assistant, "name_or_path", ""), type(drafter).__name__,
-           *sampling_params(generation_config))
-    return speed_model_for(model, key)
 
 
 def _on_path(tree: DraftTree, accepted: torch.Tensor) -> torch.Tensor:

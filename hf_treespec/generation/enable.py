@@ -27,8 +27,10 @@ def _tree_aware_generate(self, *args, **kwargs):
         criteria = StoppingCriteriaList(kwargs.get("stopping_criteria") or [])
         criteria.append(StopStringCriteria(tokenizer, [stop_strings] if isinstance(stop_strings, str) else stop_strings))
         kwargs["stopping_criteria"], kwargs["stop_strings"] = criteria, None
+    # the drafter goes to the loop only: named to generate it would select transformers' assisted mode, which refuses
+    # num_return_sequences > 1 before the loop runs (tree speculation decodes the expanded batch row by row)
     kwargs["custom_generate"] = functools.partial(
-        tree_generate, assistant_model=kwargs.get("assistant_model"), streamer=kwargs.get("streamer")
+        tree_generate, assistant_model=kwargs.pop("assistant_model", None), streamer=kwargs.get("streamer")
     )
     return type(self).generate(self, *args, **kwargs)
 

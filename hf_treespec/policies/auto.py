@@ -60,7 +60,7 @@ class TreeSizer:
     # read lazily: a step the speed model skips (no tree pays) never interpolates the cost curve
     @cached_property
     def _costs(self) -> torch.Tensor:
-        return self.speed.curve.costs(self.max_nodes + LOOKAHEAD + 2, self.context)
+        return self.speed.step_costs(self.max_nodes + LOOKAHEAD + 2, self.context)
 
     @cached_property
     def t_draft(self) -> float:

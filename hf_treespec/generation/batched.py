@@ -1,0 +1,287 @@
+"""The tree loop for a batch of prompts: one tree per row per step, ONE target forward for the whole batch.
+
+Each row keeps its own drafter state, policy and ids (rows commit different numbers of tokens every step); trees are
+packed to the widest one with padding nodes masked out (`RaggedKV.tree_inputs`), the target verifies every row in one
+forward, each row's verifier rule picks its accepted path, and `RaggedKV` moves each row's accepted KV rows next to
+its committed ones. Finished rows (EOS, stop strings, ``max_new_tokens``) leave the batch at once; their output is
+padded with ``pad_token_id`` exactly as plain ``generate`` pads it.
+
+Python loops over rows remain where a per-row rule is the contract: policies grow data-dependent trees from their
+own drafter state (``TreePolicy.build`` takes one root), verifiers walk one tree each (their acceptance rules are
+sequential per tree), and stopping criteria are callables over a ``[batch, length]`` tensor whose rows here have
+different lengths. The target forward, the dominant cost, and the KV moves are batched.
+"""
+
+from __future__ import annotations
+
+import copy
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import torch
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+
+from ..attention import check_tree_attention
+from ..compat import CACHE_KWARG
+from ..drafters.base import Drafter, TargetFeatures, as_drafter
+from ..features import capture_hidden_states
+from ..policies import TreePolicy
+from ..ragged_cache import RaggedKV
+from ..step_context import StepContext, sampling_params
+from ..timing import Clock, RunningMean
+from ..tree import DraftTree
+from ..verifiers import Verifier
+from .components import TreeSpecGenerateOutput, auto_speed_model, check_drafter, resolve
+from .draft_source import WarpedDraftSource
+from .processors import process_tree_logits
+from .stopping import tokens_before_stop
+
+
+@dataclass
+class RowState:
+    """One prompt of the batch while it decodes."""
+
+    index: int
+    ids: torch.Tensor  # [1, length]: the left-padded prompt and every token committed so far
+    drafter: Drafter
+    policy: TreePolicy
+    verifier: Verifier
+    context: StepContext | None = None
+    scores: list[torch.Tensor] = field(default_factory=list)
+    logits: list[torch.Tensor] = field(default_factory=list)
+    accepted_lengths: list[int] = field(default_factory=list)
+    tree_sizes: list[int] = field(default_factory=list)
+    draft_forwards: int = 0
+    shape: tuple[int, int] | None = None  # the sampled shape an auto-sized policy chose for the step being verified
+
+
+def fork_drafter(drafter: Drafter, assistant, target) -> Drafter:
+    """A drafter with its own per-sequence state for another row: a fresh adapter around the same model, or a shallow
+    copy of a `Drafter` passed as it is (its ``start`` resets every per-sequence field)."""
+    return copy.copy(drafter) if isinstance(assistant, Drafter) else as_drafter(assistant, target=target)
+
+
+def pad_token(generation_config: GenerationConfig) -> int | None:
+    """The id plain ``generate`` pads finished rows with (``pad_token_id``, else the first EOS id)."""
+    if generation_config.pad_token_id is not None:
+        return int(generation_config.pad_token_id)
+    eos = generation_config.eos_token_id
+    if eos is None:
+        return None
+    return int(eos[0] if isinstance(eos, (list, tuple)) else torch.as_tensor(eos).reshape(-1)[0])
+
+
+def check_batch_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, streamer) -> torch.Tensor:
+    """The prompt mask as bools, refusing what a batch cannot be decoded from."""
+    if streamer is not None:
+        raise ValueError(
+            f"a streamer takes one sequence (transformers' streamers support batch size 1); got a batch of "
+            f"{input_ids.shape[0]}. Drop the streamer or generate one prompt at a time."
+        )
+    mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    if mask.shape != input_ids.shape:
+        raise ValueError(f"attention_mask has shape {tuple(mask.shape)}; input_ids {tuple(input_ids.shape)}.")
+    if not bool(mask.any(-1).all()):
+        raise ValueError("a prompt of the batch is all padding (its attention_mask row has no 1).")
+    if not bool(mask[:, -1].all()):
+        raise ValueError(
+            "tree speculation needs left padding for a batch of prompts (decoder-only models generate after the "
+            "last column): set tokenizer.padding_side = 'left' before tokenizing."
+        )
+    return mask
+
+
+def batched_tree_decoding(
+    model, input_ids, logits_processor: LogitsProcessorList, stopping_criteria: StoppingCriteriaList,
+    generation_config: GenerationConfig, *, streamer, assistant_model, **model_kwargs,
+):
+    """The batched loop (called by ``tree_speculative_decoding`` for a batch or a padded prompt; same inputs and
+    outputs, under its ``inference_mode``)."""
+    prompt_mask = check_batch_inputs(input_ids, model_kwargs.get("attention_mask"), streamer)
+    batch, prompt_len = input_ids.shape
+    device = input_ids.device
+    first_drafter = check_drafter(model, assistant_model)
+    check_tree_attention(model, role="target model")
+    cache = model_kwargs.get(CACHE_KWARG)
+    if cache is None:
+        raise ValueError("tree speculation needs use_cache=True.")
+    probe_policy, _ = resolve(generation_config, first_drafter)
+    speed = auto_speed_model(model, first_drafter, probe_policy, generation_config, batch=batch)
+    rows = []
+    for index in range(batch):
+        drafter = first_drafter if index == 0 else fork_drafter(first_drafter, assistant_model, model)
+        policy, verifier = resolve(generation_config, drafter)
+        rows.append(RowState(index, input_ids[index : index + 1], drafter, policy, verifier))
+    pad_id = pad_token(generation_config)
+
+    do_sample = generation_config.do_sample
+    want_dict = generation_config.return_dict_in_generate
+    want_scores = want_dict and generation_config.output_scores
+    want_logits = want_dict and generation_config.output_logits
+    needs = probe_policy.context_needs
+    mask_dtype = model.dtype
+    clock = Clock(device, enabled=want_dict or "latencies" in needs or speed is not None)
+    t_start = clock.now()
+    layers = tuple(first_drafter.target_layers or ())
+    captured = layers + ((-1,) if "target_hidden" in needs else ())
+    capture = (lambda: capture_hidden_states(model, captured)) if captured else (lambda: nullcontext(None))
+    temperature, top_p = sampling_params(generation_config)
+    draft_mean, target_mean = RunningMean(), RunningMean()
+    kv = RaggedKV(cache, prompt_mask)
+
+    def features(states, slot: int, positions) -> TargetFeatures | None:
+        return TargetFeatures(states.joined(len(layers))[slot, positions]) if layers else None
+
+    def step_context(states, slot: int, position: int, processed_row: torch.Tensor, row: RowState) -> StepContext:
+        return StepContext(
+            root_token=int(row.ids[0, -1]), device=device, context_length=int(row.ids.shape[1] - kv.pads[row.index]),
+            temperature=temperature, top_p=top_p,
+            target_probs=processed_row.softmax(-1) if "target_probs" in needs else None,
+            target_hidden=states.parts[-1][slot, position] if "target_hidden" in needs else None,
+            draft_seconds=draft_mean.value, target_seconds=target_mean.value, speed=speed,
+        )
+
+    def emit(row: RowState, tokens: torch.Tensor, processed: torch.Tensor, raw: torch.Tensor) -> bool:
+        start = row.ids.shape[1]
+        extended = torch.cat([row.ids, tokens.view(1, -1).to(device)], dim=1)
+        step_scores = [processed[i : i + 1] for i in range(tokens.numel())] if want_scores else None
+        done, count = tokens_before_stop(
+            stopping_criteria, extended, start, tuple(row.scores + step_scores) if want_scores else None
+        )
+        row.ids = extended[:, : start + count]
+        if want_scores:
+            row.scores += step_scores[:count]
+        if want_logits:
+            row.logits += [raw[i : i + 1] for i in range(count)]
+        row.accepted_lengths.append(count)
+        return done
+
+    # prefill: every row's first token, chosen as plain batched generate chooses it
+    positions = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0).to(device)
+    with capture() as states:
+        out = model(input_ids=input_ids, attention_mask=prompt_mask.long().to(device), position_ids=positions,
+                    use_cache=True, logits_to_keep=1, **{CACHE_KWARG: cache})
+    logits = out.logits[:, -1].float()
+    processed = logits_processor(input_ids, logits)
+    first = torch.multinomial(processed.softmax(-1), 1)[:, 0] if do_sample else processed.argmax(-1)
+    t0 = clock.now()
+    finished = torch.zeros(batch, dtype=torch.bool)
+    for slot, row in enumerate(rows):
+        real = prompt_mask[slot].nonzero().squeeze(-1)
+        row.drafter.start(row.ids[0, real.to(device)], features(states, slot, real.to(device)))
+        if emit(row, first[slot : slot + 1], processed[slot : slot + 1], logits[slot : slot + 1]):
+            finished[slot] = True
+        row.accepted_lengths.pop()  # the prefill's token is not a speculative step
+        row.context = step_context(states, slot, -1, processed[slot], row)
+    draft_seconds, verify_seconds = clock.now() - t0, 0.0
+    kv.retire(~finished)
+    active = [row for row, done in zip(rows, finished.tolist()) if not done]
+
+    while active:
+        t0 = clock.now()
+        trees: list[DraftTree] = []
+        sources: list[WarpedDraftSource] = []
+        row_seconds = []
+        for row in active:
+            source = WarpedDraftSource(row.drafter, logits_processor, row.ids)
+            r0 = clock.now()
+            tree = row.policy.build(source, row.context.root_token, context=row.context)
+            row_seconds.append(clock.now() - r0)
+            if speed is not None:
+                row.shape, speed.pending_shape = speed.pending_shape, None
+            trees.append(tree)
+            sources.append(source)
+        t1 = clock.now()
+        ids, pos, mask4d = kv.tree_inputs(trees, mask_dtype)
+        with capture() as states:
+            out = model(input_ids=ids.to(device), position_ids=pos.to(device), attention_mask=mask4d.to(device),
+                        use_cache=True, **{CACHE_KWARG: cache})
+        if "latencies" in needs:
+            target_mean.add(clock.now() - t1)
+        all_logits = out.logits.float()
+        verdicts = []
+        for slot, (row, tree) in enumerate(zip(active, trees)):
+            nodes = torch.arange(tree.num_nodes)
+            raw = all_logits[slot, : tree.num_nodes]
+            processed = process_tree_logits(logits_processor, row.ids, tree, nodes, raw)
+            if tree.num_nodes == 1:  # a draft-free row: the target's own choice, as a plain generate step makes it
+                accepted, next_token = torch.zeros(1, dtype=torch.long), row.verifier.target_choice(processed[0])
+            else:
+                result = row.verifier.verify(tree, processed)
+                accepted, next_token = result.accepted.cpu(), result.next_token
+            verdicts.append((accepted, next_token, raw[accepted.to(device)], processed[accepted.to(device)]))
+        kv.commit([v[0] for v in verdicts])
+        t2 = clock.now()
+        draft_seconds += t1 - t0
+        verify_seconds += t2 - t1
+        done = torch.zeros(len(active), dtype=torch.bool)
+        for slot, (row, tree, source, (accepted, next_token, raw, processed)) in enumerate(
+            zip(active, trees, sources, verdicts)
+        ):
+            if "latencies" in needs:
+                draft_mean.add(row_seconds[slot], source.num_forwards)
+            row.draft_forwards += source.num_forwards
+            row.tree_sizes.append(tree.num_nodes - 1)
+            if speed is not None:
+                speed.pending_shape = row.shape
+                on_path = torch.zeros(tree.num_nodes, dtype=torch.bool)
+                on_path[accepted] = True
+                speed.observe_step(
+                    tree_scores=tree.scores[1:], on_path=on_path[1:], rows=int(ids.shape[1]),
+                    context=int(kv.positions()[slot]), draft_seconds=row_seconds[slot],
+                    draft_forwards=source.num_forwards, verify_seconds=t2 - t1, tokens=int(accepted.numel()),
+                    step_seconds=t2 - t0, observe_cost=slot == 0,
+                )
+            row.drafter.commit(tree, accepted, features(states, slot, accepted.to(device)))
+            new_tokens = torch.cat([tree.tokens[accepted[1:]], torch.tensor([next_token])])
+            done[slot] = emit(row, new_tokens, processed, raw)
+            row.context = step_context(states, slot, int(accepted[-1]), processed[-1], row)
+        kv.retire(~done)
+        active = [row for row, stop in zip(active, done.tolist()) if not stop]
+
+    lengths = torch.tensor([row.ids.shape[1] for row in rows])
+    width = int(lengths.max())
+    if pad_id is None and bool((lengths < width).any()):
+        raise ValueError("rows finished at different lengths and generation_config has neither pad_token_id nor "
+                         "eos_token_id to pad them with; set pad_token_id.")
+    sequences = torch.full((batch, width), pad_id if pad_id is not None else 0, dtype=torch.long, device=device)
+    for row in rows:
+        sequences[row.index, : row.ids.shape[1]] = row.ids[0]
+    kv.finish(lengths)
+    if not want_dict:
+        return sequences
+    return TreeSpecGenerateOutput(
+        sequences=sequences,
+        scores=stack_steps([row.scores for row in rows]) if want_scores else None,
+        logits=stack_steps([row.logits for row in rows]) if want_logits else None,
+        **{CACHE_KWARG: cache},
+        accepted_lengths=[n for row in rows for n in row.accepted_lengths],
+        tree_sizes=[n for row in rows for n in row.tree_sizes],
+        draft_forwards=sum(row.draft_forwards for row in rows),
+        draft_seconds=draft_seconds,
+        verify_seconds=verify_seconds,
+        total_seconds=clock.now() - t_start,
+        drafted_steps=sum(size > 0 for row in rows for size in row.tree_sizes),
+        row_accepted_lengths=[row.accepted_lengths for row in rows],
+        attention_mask=attention_mask_of(sequences, prompt_mask.to(device), lengths.to(device)),
+    )
+
+
+def stack_steps(per_row: list[list[torch.Tensor]]) -> tuple[torch.Tensor, ...]:
+    """Per-row lists of ``[1, V]`` rows -> one ``[B, V]`` tensor per generated position, as plain ``generate`` returns
+    them; a row that had already finished gets a row of zeros there (plain ``generate`` would score its padding)."""
+    steps = max(len(r) for r in per_row)
+    like = next(t for r in per_row for t in r)
+    return tuple(
+        torch.cat([r[i] if i < len(r) else torch.zeros_like(like) for r in per_row]) for i in range(steps)
+    )
+
+
+def attention_mask_of(sequences: torch.Tensor, prompt_mask: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """``[B, width]``: 1 where a row's sequence holds a real token (its prompt without padding, then what it
+    generated), 0 at left padding and at the padding after a row finished; with the returned cache it continues
+    plain ``generate``."""
+    columns = torch.arange(sequences.shape[1], device=sequences.device)
+    mask = (columns[None] < lengths[:, None]).long()
+    mask[:, : prompt_mask.shape[1]] = prompt_mask.long()
+    return mask

@@ -1,0 +1,113 @@
+"""What both decoding loops (one sequence, a batch) set up the same way: the output type, the policy / verifier
+pair, the drafter check and the auto-sizing speed model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import GenerationConfig
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+from ..drafters.base import Drafter, as_drafter
+from ..policies import POLICIES, TreePolicy
+from ..step_context import sampling_params
+from ..verifiers import VERIFIERS, Verifier
+from .config import TreeSpecSettings
+
+
+@dataclass
+class TreeSpecGenerateOutput(GenerateDecoderOnlyOutput):
+    """`GenerateDecoderOnlyOutput` plus what a speculative run costs and gains.
+
+    Attributes:
+        accepted_lengths: tokens committed per target forward after the prefill (accepted drafts + 1, fewer when a
+            stopping criterion cut the chunk), so their mean is tau.
+        tree_sizes: draft nodes verified per step.
+        draft_seconds / verify_seconds / total_seconds: wall-clock split (verify = target forward + verification).
+        drafted_steps: steps that verified at least one draft node; the others ran the target alone (one token, a
+            plain ``generate`` step), which ``tree_budget="auto"`` chooses where no tree pays on this hardware.
+        row_accepted_lengths: for a batch, ``accepted_lengths`` of each row (``accepted_lengths`` and ``tree_sizes``
+            then hold every row's steps, row after row, so their mean is still tau).
+        attention_mask: for a batch, ``[B, width]`` 1 where ``sequences`` holds a prompt or generated token, 0 at left
+            padding and after a row finished: with the returned cache it continues plain ``generate`` for every row.
+    """
+
+    accepted_lengths: list[int] | None = None
+    tree_sizes: list[int] | None = None
+    draft_forwards: int | None = None
+    draft_seconds: float | None = None
+    verify_seconds: float | None = None
+    total_seconds: float | None = None
+    drafted_steps: int | None = None
+    row_accepted_lengths: list[list[int]] | None = None
+    attention_mask: torch.LongTensor | None = None
+
+
+def check_no_beams(generation_config: GenerationConfig) -> None:
+    """Refuses beam search: generate would expand the prompt into beams and silently drop them for a decoding method."""
+    beams = getattr(generation_config, "num_beams", None) or 1
+    if beams > 1:
+        raise ValueError(
+            f"tree_policy cannot be combined with num_beams={beams}: tree speculation decodes one sequence (greedy "
+            "or sampled), and generate would silently drop beam search. Use num_beams=1 with tree_policy, or drop "
+            "tree_policy to run beam search."
+        )
+
+
+def resolve(generation_config: GenerationConfig, drafter: Drafter | None = None) -> tuple[TreePolicy, Verifier]:
+    """Builds the policy and verifier named in the generation config, refusing pairs that would not be lossless.
+    Kwargs left unset may be filled from what ships with ``drafter`` (``TreePolicy.defaults_from_drafter``)."""
+    settings = TreeSpecSettings.from_generation_config(generation_config)
+    check_no_beams(generation_config)
+    policy_cls = POLICIES.get(settings.policy)
+    params = {k: v for k, v in settings.policy_params.items() if k in policy_cls.defaults and v is not None}
+    if drafter is not None:
+        params = {**policy_cls.defaults_from_drafter(drafter), **params}
+    ignored = [k for k, v in settings.policy_params.items() if v is not None and k not in policy_cls.defaults]
+    if ignored:
+        raise ValueError(
+            f"tree_policy={settings.policy!r} does not use {ignored}; it takes {sorted(policy_cls.defaults)}."
+        )
+    policy = policy_cls(do_sample=settings.do_sample, **params)
+    verifier_name = settings.verifier or ("greedy" if not settings.do_sample else policy.default_verifier)
+    verifier_cls = VERIFIERS.get(verifier_name)
+    verifier_cls.check_compatible(
+        policy.regime_for(), is_chain=policy.is_chain, do_sample=settings.do_sample, policy=settings.policy
+    )
+    return policy, verifier_cls()
+
+
+def check_drafter(target: torch.nn.Module, assistant: torch.nn.Module | None) -> Drafter:
+    if assistant is None:
+        raise ValueError(
+            "tree_policy needs a drafter: pass assistant_model= (an AutoModelForCausalLM with the same vocabulary, "
+            "a TreeSpecDrafterModel, or hf_treespec.drafters.truncated(model, num_layers=k))."
+        )
+    drafter = as_drafter(assistant, target=target)
+    target_vocab = int(target.config.get_text_config().vocab_size)
+    if drafter.vocab_size != target_vocab:
+        raise ValueError(
+            f"The drafter's vocabulary ({drafter.vocab_size} tokens) does not match the target's ({target_vocab}). "
+            "Tree speculation verifies draft token ids directly, so both must share one tokenizer; pick a drafter "
+            "trained on the target's tokenizer (transformers' universal assisted decoding, without tree_policy, "
+            "handles different tokenizers)."
+        )
+    return drafter
+
+
+def auto_speed_model(model, drafter: Drafter, policy: TreePolicy, generation_config: GenerationConfig,
+                     batch: int = 1):
+    """The `SpeedModel` an auto-sized policy decides with (None otherwise): kept on the target per (drafter,
+    sampling settings, batch size), its cost curve calibrated at first use and cached on disk
+    (`hf_treespec.latency`); a batch prices each step by its total rows (batch x nodes)."""
+    if not policy.auto_sized:
+        return None
+    from ..latency import speed_model_for
+
+    assistant = getattr(drafter, "model", drafter)
+    key = (id(assistant), getattr(assistant, "name_or_path", ""), type(drafter).__name__,
+           *sampling_params(generation_config))
+    return speed_model_for(model, key, batch=batch)
+
+

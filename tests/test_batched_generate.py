@@ -1,0 +1,335 @@
+"""Batched tree speculation: a left-padded batch of prompts (and ``num_return_sequences``), each row its own tree.
+
+Greedy rows must equal each prompt's own plain ``generate`` token for token (fp32), with rows finishing at different
+steps; the returned cache must continue plain ``generate`` for every row; sampling rows must keep the target's law
+(Monte-Carlo through ``generate`` with B = 3, one row stopping early), and a broken acceptance rule must fail that
+test.
+"""
+
+import pytest
+import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
+
+import hf_treespec
+from hf_treespec.compat import CACHE_KWARG, output_cache
+from hf_treespec.policies import POLICIES
+from hf_treespec.verifiers import VERIFIERS
+
+from test_generate_sampling import chi_square_pvalue, exact_law
+
+PROMPTS = [[3, 17, 42, 8, 8, 21], [5, 9, 33, 2], [11, 40, 7, 7, 19]]
+PAD = 0
+
+
+def left_padded(prompts=PROMPTS):
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), PAD, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    return ids, mask
+
+
+def single(target, prompt, **kwargs):
+    return target.generate(torch.tensor([prompt]), **kwargs)[0, len(prompt):]
+
+
+def new_tokens(out, row, width):
+    """Row ``row``'s generated tokens, trailing padding removed (the output pads finished rows)."""
+    return out[row, width:]
+
+
+GREEDY_POLICIES = ["chain", "eagle2", "optimal", "salf", "dyspec", "iid", "swor", "delayed", "static"]
+
+
+@pytest.mark.parametrize("policy", GREEDY_POLICIES)
+def test_greedy_rows_equal_single_prompt_generate(target, drafters, policy):
+    ids, mask = left_padded()
+    out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=25, pad_token_id=PAD,
+                          assistant_model=drafters["perturbed"], tree_policy=policy, return_dict_in_generate=True)
+    for row, prompt in enumerate(PROMPTS):
+        assert torch.equal(new_tokens(out.sequences, row, ids.shape[1]), single(target, prompt, do_sample=False,
+                                                                                max_new_tokens=25)), row
+    assert len(out.row_accepted_lengths) == 3
+    assert all(sum(lengths) + 1 == 25 for lengths in out.row_accepted_lengths)
+    assert max(out.tree_sizes) >= 1
+
+
+def test_plain_batched_generate_rows_agree(target, drafters):
+    """Where plain batched generate gives each prompt's single-prompt output, the tree batch gives the same rows."""
+    ids, mask = left_padded()
+    plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20, pad_token_id=PAD)
+    tree = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20, pad_token_id=PAD,
+                           assistant_model=drafters["perturbed"], tree_policy="salf")
+    assert torch.equal(tree, plain)
+
+
+@pytest.mark.parametrize("drafter_name", ["random", "copy", "truncated", "lookup"])
+def test_every_drafter_kind(target, drafters, drafter_name):
+    drafter = hf_treespec.drafters.prompt_lookup(target) if drafter_name == "lookup" else drafters[drafter_name]
+    ids, mask = left_padded()
+    out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20, pad_token_id=PAD,
+                          assistant_model=drafter, tree_policy="eagle2")
+    for row, prompt in enumerate(PROMPTS):
+        assert torch.equal(new_tokens(out, row, ids.shape[1]), single(target, prompt, do_sample=False,
+                                                                      max_new_tokens=20)), row
+
+
+def test_feature_drafter(target):
+    from hf_treespec.drafters import TreeSpecDrafterConfig, TreeSpecDrafterModel
+
+    torch.manual_seed(0)
+    drafter = TreeSpecDrafterModel(TreeSpecDrafterConfig.for_target(target.config)).eval()
+    ids, mask = left_padded()
+    out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=15, pad_token_id=PAD,
+                          assistant_model=drafter, tree_policy="salf")
+    for row, prompt in enumerate(PROMPTS):
+        assert torch.equal(new_tokens(out, row, ids.shape[1]), single(target, prompt, do_sample=False,
+                                                                      max_new_tokens=15)), row
+
+
+def test_rows_finish_at_different_steps_with_a_custom_eos(target, drafters):
+    ids, mask = left_padded()
+    refs = [single(target, p, do_sample=False, max_new_tokens=30) for p in PROMPTS]
+    eos = int(refs[1][7])  # row 1 stops at its 8th token at the latest; the others whenever they emit it
+    refs_eos = [single(target, p, do_sample=False, max_new_tokens=30, eos_token_id=eos, pad_token_id=PAD)
+                for p in PROMPTS]
+    out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=30, eos_token_id=eos,
+                          pad_token_id=PAD, assistant_model=drafters["copy"], tree_policy="salf",
+                          return_dict_in_generate=True)
+    lengths = {len(r) for r in refs_eos}
+    assert len(lengths) > 1, "the test needs rows of different lengths"
+    width = ids.shape[1]
+    for row, ref in enumerate(refs_eos):
+        got = out.sequences[row, width:]
+        assert torch.equal(got[: len(ref)], ref), row
+        assert bool((got[len(ref):] == PAD).all()), "a finished row is padded with pad_token_id"
+    # plain batched generate pads the same way
+    plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=30, eos_token_id=eos,
+                            pad_token_id=PAD)
+    assert torch.equal(out.sequences, plain)
+    # a finished row stops costing compute: it runs no more steps than it needed
+    assert [sum(r) + 1 for r in out.row_accepted_lengths] == [len(r) for r in refs_eos]
+
+
+def test_stop_strings_per_row(target, drafters, word_tokenizer):
+    ids, mask = left_padded()
+    ref = single(target, PROMPTS[0], do_sample=False, max_new_tokens=30)
+    stop = word_tokenizer.decode(ref[5:7])
+    kwargs = dict(do_sample=False, max_new_tokens=30, stop_strings=[stop], tokenizer=word_tokenizer, pad_token_id=PAD)
+    out = target.generate(ids, attention_mask=mask, assistant_model=drafters["perturbed"], tree_policy="eagle2",
+                          **kwargs)
+    stopped = 0
+    for row, prompt in enumerate(PROMPTS):
+        alone = target.generate(torch.tensor([prompt]), **kwargs)[0, len(prompt):]
+        got = out[row, ids.shape[1]:]
+        assert torch.equal(got[: len(alone)], alone), row
+        # without an EOS token plain batched generate keeps decoding a stopped row; a tree batch drops it and pads
+        assert bool((got[len(alone):] == PAD).all()), row
+        stopped += len(alone) < 30
+    assert stopped >= 1, "the stop string must end at least one row early"
+
+
+def test_returned_cache_continues_plain_generate(target, drafters):
+    ids, mask = left_padded()
+    out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=12, pad_token_id=PAD,
+                          assistant_model=drafters["perturbed"], tree_policy="eagle2", return_dict_in_generate=True)
+    cache = output_cache(out)
+    assert cache.get_seq_length() == out.sequences.shape[1] - 1
+    more = target.generate(out.sequences, attention_mask=out.attention_mask, do_sample=False, max_new_tokens=8,
+                           pad_token_id=PAD, **{CACHE_KWARG: cache})
+    full = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20, pad_token_id=PAD)
+    assert torch.equal(more, full)
+
+
+def test_returned_cache_after_rows_dropped_out(target, drafters):
+    """Rows that finished early are put back into the returned cache: each row's KV continues that row alone."""
+    ids, mask = left_padded()
+    ref = single(target, PROMPTS[1], do_sample=False, max_new_tokens=30)
+    eos = int(ref[5])
+    out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=14, eos_token_id=eos,
+                          pad_token_id=PAD, assistant_model=drafters["copy"], tree_policy="salf",
+                          return_dict_in_generate=True)
+    cache = output_cache(out)
+    for row, prompt in enumerate(PROMPTS):
+        real = out.attention_mask[row].bool()
+        tokens = out.sequences[row, real]
+        if int(tokens[-1]) == eos:
+            continue  # a finished row: nothing to continue
+        alone = target(tokens[None], use_cache=False).logits[0, -1]
+        keys = [layer.keys[row : row + 1, :, real[:-1]] for layer in cache.layers]
+        assert all(k.shape[-2] == tokens.numel() - 1 for k in keys)
+        # the next-token logits from the returned cache equal a fresh forward over the row's tokens
+        from transformers import DynamicCache
+
+        fresh = DynamicCache(config=target.config)
+        for i, layer in enumerate(cache.layers):
+            fresh.update(layer.keys[row : row + 1, :, real[:-1]], layer.values[row : row + 1, :, real[:-1]], i)
+        step = target(tokens[None, -1:], position_ids=torch.tensor([[tokens.numel() - 1]]), use_cache=True,
+                      **{CACHE_KWARG: fresh}).logits[0, -1]
+        torch.testing.assert_close(step, alone, rtol=1e-4, atol=1e-4)
+
+
+def test_auto_budget_batch(target, drafters, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TREESPEC_CACHE", str(tmp_path))
+    ids, mask = left_padded()
+    out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20, pad_token_id=PAD,
+                          assistant_model=drafters["copy"], tree_policy="salf", tree_budget="auto")
+    for row, prompt in enumerate(PROMPTS):
+        assert torch.equal(new_tokens(out, row, ids.shape[1]), single(target, prompt, do_sample=False,
+                                                                      max_new_tokens=20)), row
+
+
+def test_batch_prices_total_rows():
+    """A batch of B prices a step of n nodes per tree as B x n rows of the cost curve, drafting as B forwards."""
+    from hf_treespec.latency import CostCurve, SpeedModel
+
+    curve = CostCurve(sizes=[1, 8, 64], contexts=[100], seconds=[[1.0, 2.0, 9.0]])
+    one, four = SpeedModel(curve), SpeedModel(curve, batch=4)
+    assert four.step_costs(2, 100).tolist() == pytest.approx([curve(4, 100), curve(8, 100)])
+    assert four.draft_seconds(100) == pytest.approx(4 * one.draft_seconds(100))
+    assert four.target_seconds(2, 100) == pytest.approx(curve(8, 100))
+
+
+def test_num_return_sequences_with_sampling(target, drafters):
+    prompt = torch.tensor([PROMPTS[0]])
+    torch.manual_seed(0)
+    out = target.generate(prompt, do_sample=True, num_return_sequences=4, max_new_tokens=10,
+                          assistant_model=drafters["perturbed"], tree_policy="salf", return_dict_in_generate=True)
+    assert out.sequences.shape == (4, prompt.shape[1] + 10)
+    assert torch.equal(out.sequences[:, : prompt.shape[1]], prompt.expand(4, -1))
+    assert len({tuple(r) for r in out.sequences[:, prompt.shape[1]:].tolist()}) > 1, "rows sample independently"
+
+
+def test_streamer_with_a_batch_is_refused(target, drafters):
+    from transformers import TextStreamer
+
+    class Tok:
+        def decode(self, *a, **k):
+            return ""
+
+    ids, mask = left_padded()
+    with pytest.raises(ValueError, match="batch size 1|streamer takes one sequence"):
+        target.generate(ids, attention_mask=mask, max_new_tokens=3, pad_token_id=PAD, streamer=TextStreamer(Tok()),
+                        assistant_model=drafters["copy"], tree_policy="salf")
+
+
+def test_right_padding_is_refused(target, drafters):
+    ids, mask = left_padded()
+    with pytest.raises(ValueError, match="left padding"):
+        target.generate(ids.flip(-1), attention_mask=mask.flip(-1), max_new_tokens=3, pad_token_id=PAD,
+                        assistant_model=drafters["copy"], tree_policy="salf")
+
+
+def test_scores_are_per_row_steps(target, drafters):
+    ids, mask = left_padded()
+    kwargs = dict(attention_mask=mask, do_sample=False, max_new_tokens=6, pad_token_id=PAD, output_scores=True,
+                  return_dict_in_generate=True)
+    plain = target.generate(ids, **kwargs)
+    out = target.generate(ids, assistant_model=drafters["perturbed"], tree_policy="salf", **kwargs)
+    assert len(out.scores) == len(plain.scores) == 6
+    for ours, theirs in zip(out.scores, plain.scores):
+        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+
+
+# ------------------------------------------------------------------------------------------------ sampling, B = 3
+WARP = dict(do_sample=True, temperature=1.2, top_k=3)
+STOP_ROW = 2  # stops after 2 new tokens; the others run 3
+
+
+class StopRowEarly(StoppingCriteria):
+    """Stops the row whose prompt ends like PROMPTS[STOP_ROW] once it has two new tokens (a per-row criterion, as
+    plain batched generate calls it)."""
+
+    def __init__(self, width):
+        self.width = width
+
+    def __call__(self, input_ids, scores, **kwargs):
+        is_row = input_ids[:, self.width - 1] == PROMPTS[STOP_ROW][-1]
+        return is_row & (input_ids.shape[-1] >= self.width + 2)
+
+
+def _deterministic_cases():
+    cases = []
+    for name in ["chain", "eagle2", "optimal", "salf", "static", "dyspec", "iid", "swor", "delayed"]:
+        policy = POLICIES.get(name)(do_sample=True)
+        for verifier in VERIFIERS:
+            cls = VERIFIERS.get(verifier)
+            try:
+                cls.check_compatible(policy.regime_for(), is_chain=policy.is_chain, do_sample=True)
+            except ValueError:
+                continue
+            cases.append(pytest.param(name, verifier, id=f"{name}-{verifier}"))
+    return cases
+
+
+LOSSLESS_PAIRS = _deterministic_cases()
+
+
+def test_pairs_cover_every_sampling_verifier():
+    assert {case.values[1] for case in LOSSLESS_PAIRS} == {n for n in VERIFIERS if VERIFIERS.get(n).sampling}
+
+
+def shape_of(policy):
+    """Two draft levels: the first new token comes from the prefill, the next two from one tree step."""
+    if "tree_depth" in POLICIES.get(policy).defaults:
+        return {"tree_depth": 2}
+    return {"delay_trunk": 1, "delay_branch": 1}
+
+
+def batched_counts(target, drafter, policy, verifier, n):
+    ids, mask = left_padded()
+    stop = StoppingCriteriaList([StopRowEarly(ids.shape[1])])
+    counts = [{} for _ in PROMPTS]
+    for _ in range(n):
+        out = target.generate(ids, attention_mask=mask, max_new_tokens=3, pad_token_id=PAD, stopping_criteria=stop,
+                              assistant_model=drafter, tree_policy=policy, verifier=verifier, **shape_of(policy),
+                              **WARP)
+        for row in range(len(PROMPTS)):
+            cell = tuple(out[row, ids.shape[1]: ids.shape[1] + (2 if row == STOP_ROW else 3)].tolist())
+            counts[row][cell] = counts[row].get(cell, 0) + 1
+        assert int(out[STOP_ROW, -1]) == PAD, "the early row is padded after it stopped"
+    return counts
+
+
+@pytest.fixture(scope="module")
+def laws(target):
+    return [exact_law(target, torch.tensor([p]), 2 if row == STOP_ROW else 3) for row, p in enumerate(PROMPTS)]
+
+
+N_SAMPLES = 240  # per row and pair; a correct sampler fails one row's test with probability 1e-3
+
+
+@pytest.mark.parametrize("policy,verifier", LOSSLESS_PAIRS)
+def test_batched_sampling_keeps_each_rows_law(target, drafters, laws, policy, verifier):
+    torch.manual_seed(0)
+    counts = batched_counts(target, drafters["perturbed"], policy, verifier, N_SAMPLES)
+    for row in range(len(PROMPTS)):
+        assert chi_square_pvalue(counts[row], laws[row], N_SAMPLES) > 1e-3, row
+
+
+def test_a_broken_acceptance_rule_fails_the_batched_test(target, drafters, laws, monkeypatch):
+    """The test above has power: a verifier that always accepts the first draft child skews every row's law."""
+    from hf_treespec.verifiers.base import VerifyResult
+
+    cls = VERIFIERS.get("nss")
+
+    def accept_first_child(self, tree, target_logits, generator=None):
+        children = tree.children(0)
+        if children.numel() == 0:
+            return VerifyResult(torch.zeros(1, dtype=torch.long), self.target_choice(target_logits[0]))
+        child = int(children[0])
+        return VerifyResult(torch.tensor([0, child]), self.target_choice(target_logits[child]))
+
+    monkeypatch.setattr(cls, "verify", accept_first_child)
+    torch.manual_seed(0)
+    counts = batched_counts(target, drafters["random"], "eagle2", "nss", N_SAMPLES)
+    assert min(pvalue_or_zero(counts[row], laws[row]) for row in range(len(PROMPTS))) < 1e-3
+
+
+def pvalue_or_zero(counts, law):
+    """The chi-square p-value, 0 when a cell of probability zero was sampled (already a failure)."""
+    if not set(counts) <= set(law):
+        return 0.0
+    return chi_square_pvalue(counts, law, sum(counts.values()))
