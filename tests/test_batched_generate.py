@@ -68,12 +68,7 @@ def test_plain_batched_generate_rows_agree(target, drafters):
 @pytest.mark.parametrize("drafter_name", ["random", "copy", "truncated", "lookup"])
 def test_every_drafter_kind(target, drafters, drafter_name):
     drafter = hf_treespec.drafters.prompt_lookup(target) if drafter_name == "lookup" else drafters[drafter_name]
-    ids, mask = left_padded()
-    out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20, pad_token_id=PAD,
-                          assistant_model=drafter, tree_policy="eagle2")
-    for row, prompt in enumerate(PROMPTS):
-        assert torch.equal(new_tokens(out, row, ids.shape[1]), single(target, prompt, do_sample=False,
-                                                                      max_new_tokens=20)), row
+    assert_batch_equals_single_prompts(target, drafter, "eagle2", 20)
 
 
 def test_feature_drafter(target):
@@ -81,12 +76,16 @@ def test_feature_drafter(target):
 
     torch.manual_seed(0)
     drafter = TreeSpecDrafterModel(TreeSpecDrafterConfig.for_target(target.config)).eval()
+    assert_batch_equals_single_prompts(target, drafter, "salf", 15)
+
+
+def assert_batch_equals_single_prompts(target, drafter, policy, max_new_tokens):
     ids, mask = left_padded()
-    out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=15, pad_token_id=PAD,
-                          assistant_model=drafter, tree_policy="salf")
+    out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=PAD,
+                          assistant_model=drafter, tree_policy=policy)
     for row, prompt in enumerate(PROMPTS):
         assert torch.equal(new_tokens(out, row, ids.shape[1]), single(target, prompt, do_sample=False,
-                                                                      max_new_tokens=15)), row
+                                                                      max_new_tokens=max_new_tokens)), row
 
 
 def test_rows_finish_at_different_steps_with_a_custom_eos(target, drafters):
