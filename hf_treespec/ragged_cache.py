@@ -123,14 +123,13 @@ class RaggedKV:
                 for layer in layers
             ]
         kept = keep.nonzero().squeeze(-1)
-        if kept.numel():
-            self.cache.batch_select_indices(kept.to(layers[0].keys.device) if layers else kept)
         self.rows, self.lengths = self.rows[kept], self.lengths[kept]
         if kept.numel():
             new_width = int(self.lengths.max())
-            for layer in _layers(self.cache):
-                layer.keys = layer.keys[..., :new_width, :]
-                layer.values = layer.values[..., :new_width, :]
+            for layer in layers:
+                index = kept.to(layer.keys.device)
+                layer.keys = layer.keys.index_select(0, index)[..., :new_width, :]
+                layer.values = layer.values.index_select(0, index)[..., :new_width, :]
 
     def finish(self, final_lengths: torch.Tensor) -> None:
         """Lays every original row out as its output sequence minus the last token (``final_lengths[b] - 1``
