@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -86,12 +86,6 @@ def _run_once(method: BenchMethod, model, ids, mask, drafter, gen_kwargs) -> tup
         out = model.generate(ids.to(model.device), attention_mask=mask.to(model.device), **kwargs)
         sync(ids.device)
     return out, time.perf_counter() - start
-
-
-@dataclass
-class BatchedResult:
-    rows: list[BatchRow] = field(default_factory=list)
-    settings: dict[str, Any] = field(default_factory=dict)
 
 
 def run_batched(methods: list[BenchMethod], model, drafters: dict[str, Any], prompts: list[torch.Tensor],

@@ -31,7 +31,7 @@ from ..step_context import StepContext, sampling_params
 from ..timing import Clock, RunningMean
 from ..tree import DraftTree
 from ..verifiers import Verifier
-from .components import TreeSpecGenerateOutput, auto_speed_model, check_drafter, resolve
+from .components import TreeSpecGenerateOutput, auto_speed_model, check_drafter, on_path, resolve
 from .draft_source import WarpedDraftSource
 from .processors import process_tree_logits
 from .stopping import tokens_before_stop
@@ -141,7 +141,7 @@ def batched_tree_decoding(
             draft_seconds=draft_mean.value, target_seconds=target_mean.value, speed=speed,
         )
 
-    def emit(row: RowState, tokens: torch.Tensor, processed: torch.Tensor, raw: torch.Tensor) -> bool:
+    def emit(row: RowState, tokens: torch.Tensor, processed: torch.Tensor, raw: torch.Tensor) -> tuple[bool, int]:
         start = row.ids.shape[1]
         extended = torch.cat([row.ids, tokens.view(1, -1).to(device)], dim=1)
         step_scores = [processed[i : i + 1] for i in range(tokens.numel())] if want_scores else None
@@ -153,8 +153,7 @@ def batched_tree_decoding(
             row.scores += step_scores[:count]
         if want_logits:
             row.logits += [raw[i : i + 1] for i in range(count)]
-        row.accepted_lengths.append(count)
-        return done
+        return done, count
 
     # prefill: every row's first token, chosen as plain batched generate chooses it
     positions = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0).to(device)
@@ -169,9 +168,7 @@ def batched_tree_decoding(
     for slot, row in enumerate(rows):
         real = prompt_mask[slot].nonzero().squeeze(-1)
         row.drafter.start(row.ids[0, real.to(device)], features(states, slot, real.to(device)))
-        if emit(row, first[slot : slot + 1], processed[slot : slot + 1], logits[slot : slot + 1]):
-            finished[slot] = True
-        row.accepted_lengths.pop()  # the prefill's token is not a speculative step
+        finished[slot] = emit(row, first[slot : slot + 1], processed[slot : slot + 1], logits[slot : slot + 1])[0]
         row.context = step_context(states, slot, -1, processed[slot], row)
     draft_seconds, verify_seconds = clock.now() - t0, 0.0
     kv.retire(~finished)
@@ -215,6 +212,7 @@ def batched_tree_decoding(
         draft_seconds += t1 - t0
         verify_seconds += t2 - t1
         done = torch.zeros(len(active), dtype=torch.bool)
+        positions = kv.positions()
         for slot, (row, tree, source, (accepted, next_token, raw, processed)) in enumerate(
             zip(active, trees, sources, verdicts)
         ):
@@ -224,17 +222,16 @@ def batched_tree_decoding(
             row.tree_sizes.append(tree.num_nodes - 1)
             if speed is not None:
                 speed.pending_shape = row.shape
-                on_path = torch.zeros(tree.num_nodes, dtype=torch.bool)
-                on_path[accepted] = True
                 speed.observe_step(
-                    tree_scores=tree.scores[1:], on_path=on_path[1:], rows=int(ids.shape[1]),
-                    context=int(kv.positions()[slot]), draft_seconds=row_seconds[slot],
+                    tree_scores=tree.scores[1:], on_path=on_path(tree, accepted), rows=int(ids.shape[1]),
+                    context=int(positions[slot]), draft_seconds=row_seconds[slot],
                     draft_forwards=source.num_forwards, verify_seconds=t2 - t1, tokens=int(accepted.numel()),
                     step_seconds=t2 - t0, observe_cost=slot == 0,
                 )
             row.drafter.commit(tree, accepted, features(states, slot, accepted.to(device)))
             new_tokens = torch.cat([tree.tokens[accepted[1:]], torch.tensor([next_token])])
-            done[slot] = emit(row, new_tokens, processed, raw)
+            done[slot], count = emit(row, new_tokens, processed, raw)
+            row.accepted_lengths.append(count)
             row.context = step_context(states, slot, int(accepted[-1]), processed[-1], row)
         kv.retire(~done)
         active = [row for row, stop in zip(active, done.tolist()) if not stop]

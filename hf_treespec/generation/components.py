@@ -12,6 +12,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from ..drafters.base import Drafter, as_drafter
 from ..policies import POLICIES, TreePolicy
 from ..step_context import sampling_params
+from ..tree import DraftTree
 from ..verifiers import VERIFIERS, Verifier
 from .config import TreeSpecSettings
 
@@ -111,3 +112,8 @@ def auto_speed_model(model, drafter: Drafter, policy: TreePolicy, generation_con
     return speed_model_for(model, key, batch=batch)
 
 
+def on_path(tree: DraftTree, accepted: torch.Tensor) -> torch.Tensor:
+    """Bool ``[num_nodes - 1]``: whether each draft node (root excluded) is on the accepted path."""
+    mask = torch.zeros(tree.num_nodes, dtype=torch.bool, device=tree.device)
+    mask[accepted] = True
+    return mask[1:]

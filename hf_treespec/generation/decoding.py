@@ -17,7 +17,7 @@ from ..step_context import StepContext, sampling_params
 from ..timing import Clock, RunningMean
 from ..tree import DraftTree
 from .batched import batched_tree_decoding
-from .components import TreeSpecGenerateOutput, auto_speed_model, check_drafter, check_no_beams, resolve
+from .components import TreeSpecGenerateOutput, auto_speed_model, check_drafter, check_no_beams, on_path, resolve
 from .draft_source import WarpedDraftSource
 from .processors import process_tree_logits
 from .stopping import tokens_before_stop
@@ -210,7 +210,7 @@ def tree_speculative_decoding(
         tree_sizes.append(tree.num_nodes - 1)
         if speed is not None:
             speed.observe_step(
-                tree_scores=tree.scores[1:], on_path=_on_path(tree, accepted), rows=tree.num_nodes,
+                tree_scores=tree.scores[1:], on_path=on_path(tree, accepted), rows=tree.num_nodes,
                 context=input_ids.shape[1], draft_seconds=t1 - t0, draft_forwards=source.num_forwards,
                 verify_seconds=t2 - t1, tokens=int(accepted.numel()),
             )
@@ -236,10 +236,3 @@ def tree_speculative_decoding(
         total_seconds=clock.now() - t_start,
         drafted_steps=sum(size > 0 for size in tree_sizes),
     )
-
-
-def _on_path(tree: DraftTree, accepted: torch.Tensor) -> torch.Tensor:
-    """Bool ``[num_nodes - 1]``: whether each draft node (root excluded) is on the accepted path."""
-    mask = torch.zeros(tree.num_nodes, dtype=torch.bool, device=tree.device)
-    mask[accepted] = True
-    return mask[1:]
