@@ -35,6 +35,10 @@ COST_RATE = 0.1
 REPROBE_EVERY = 16
 MAX_REPROBE_EVERY = 1024
 PROBE_STEPS = 4
+#: while drafting loses, a re-probe also waits until the draft-free time since the last probe is at least the time
+#: that probe lost over this fraction, so re-probing costs at most ~this share of the run however costly a probe
+#: is (a probe of a large batch drafts every row: many times a one-row probe's cost)
+PROBE_BUDGET = 0.02
 #: weight kept per new observation by the drafted / draft-free step statistics (a window of ~20 steps of each kind)
 STEP_DECAY = 0.95
 #: the drafter is switched off once the mean gain of at least MIN_EVIDENCE drafted steps (decayed count) is below
@@ -389,7 +393,9 @@ class SpeedModel:
     drafter is switched off ("skip") only once the mean gain is below zero by `SKIP_CONFIDENCE` standard errors over
     enough drafted steps, so a single unlucky step never switches it off; then every ``reprobe_every`` draft-free
     steps a probe of `PROBE_STEPS` drafted steps adds fresh evidence; the interval doubles after every probe that leaves
-    the mean gain below zero and returns to ``reprobe_every`` once it is above.
+    the mean gain below zero and returns to ``reprobe_every`` once it is above, and it never ends before the
+    draft-free time since the last probe is 1 / `PROBE_BUDGET` times what that probe lost (before any probe: what
+    one is predicted to lose, so at a large batch, where a probe drafts every row, probes stay rare from the start).
     """
 
     def __init__(self, curve: CostCurve, acceptance: AcceptanceTable | None = None, draft_prior: float = 0.3,
@@ -409,6 +415,8 @@ class SpeedModel:
         self._base_reprobe = reprobe_every
         self._since_draft = 0
         self._probe_left = 0
+        self._probe_loss: float | None = None  # seconds the last probe lost against draft-free steps
+        self._free_seconds = 0.0  # draft-free seconds since the last drafted step
         self.depth_acceptance = DepthAcceptance()
         #: (k, l) a sampled policy chose for the step being verified (set by the policy, read by observe_step)
         self.pending_shape: tuple[int, int] | None = None
@@ -446,9 +454,10 @@ class SpeedModel:
         self._child.add(max(float((best[expanded] - scores[expanded]).exp().mean()), 1e-6))
 
     def plain_rate(self, context: int) -> float:
-        """Tokens per second of a draft-free step: measured, or one per predicted one-row forward before any."""
+        """Tokens per second of a draft-free step: measured, or one per row of the batch per predicted forward of
+        ``batch`` rows before any."""
         rate = self.plain.rate
-        return rate if rate is not None else 1.0 / self.curve(self.batch, context)
+        return rate if rate is not None else self.batch / self.curve(self.batch, context)
 
     def drafting_loses(self) -> bool:
         """Whether drafted steps have been slower than draft-free ones beyond noise: at least `MIN_EVIDENCE` of them
@@ -458,28 +467,39 @@ class SpeedModel:
         spread = math.sqrt(max(self.gain.variance, GAIN_VARIANCE_FLOOR) / self.gain.count)
         return self.gain.mean + SKIP_CONFIDENCE * spread < 0
 
-    def _probing(self) -> bool:
-        return self._probe_left > 0 or self._since_draft + 1 >= self.reprobe_every
+    def predicted_probe_loss(self, context: int) -> float:
+        """Seconds a probe is expected to lose when drafting does not pay: `PROBE_STEPS` steps that each draft one
+        node per row and verify two rows per row instead of one (what the budget waits for before the first probe)."""
+        extra = self.draft_seconds(context) + self.target_seconds(2, context) - self.target_seconds(1, context)
+        return PROBE_STEPS * max(extra, 0.0)
+
+    def _probing(self, context: int) -> bool:
+        if self._probe_left > 0:
+            return True
+        if self._since_draft + 1 < self.reprobe_every:
+            return False
+        loss = self.predicted_probe_loss(context) if self._probe_loss is None else self._probe_loss
+        return self._free_seconds * PROBE_BUDGET >= loss
 
     def step_mode(self, context: int) -> str:
         """``"probe"`` within a probe (draft at least one node, to refresh the acceptance, drafter-cost and gain
         estimates); ``"skip"`` (no drafter at all) while `drafting_loses`; else ``"size"``: the per-step cost rule
         decides (it may still draft nothing)."""
-        if self._probing():
+        if self._probing(context):
             return "probe"
         return "skip" if self.drafting_loses() else "size"
 
     def observe_step(self, *, tree_scores: torch.Tensor, on_path: torch.Tensor, rows: int, context: int,
                      draft_seconds: float, draft_forwards: int, verify_seconds: float, tokens: int,
-                     step_seconds: float | None = None, observe_cost: bool = True) -> None:
-        """One verified step: ``tree_scores``/``on_path`` of its draft nodes (root excluded), ``rows`` verified
-        (root included), measured draft / verify time, tokens committed. A step whose drafter ran counts as drafted
-        even when the cost rule then kept no node: it paid for the drafter. In a batch every row reports its own
-        step: ``rows`` is the packed tree width, ``draft_seconds`` its own drafting, ``step_seconds`` the whole
-        batch step (what its tokens are weighed against), and only one row per step moves the cost curve
-        (``observe_cost``)."""
-        if observe_cost:
-            self.curve.observe(rows * self.batch, context, verify_seconds)
+                     trees: int | None = None) -> None:
+        """One verified step: ``tree_scores``/``on_path`` of its draft nodes (root excluded), ``rows`` verified per
+        tree (root included), measured draft / verify time, tokens committed. A step whose drafter ran counts as
+        drafted even when the cost rule then kept no node: it paid for the drafter. A batch step is observed once,
+        as a whole: every row's nodes concatenated, ``rows`` the packed tree width, ``trees`` the rows verified in
+        the forward (the batch when None), draft forwards / seconds and tokens summed over rows, so drafted and
+        draft-free steps are compared at the batch's own throughput."""
+        probing = bool(draft_forwards) and self._probing(context)  # the mode this step ran in, before any update
+        self.curve.observe(rows * (self.batch if trees is None else trees), context, verify_seconds)
         if draft_forwards:
             self._draft.add(draft_seconds / draft_forwards)
         if self.pending_shape is not None:
@@ -488,23 +508,28 @@ class SpeedModel:
             self.pending_shape = None
         if rows > 1:
             self.acceptance.observe(tree_scores, on_path)
-        total = draft_seconds + verify_seconds if step_seconds is None else step_seconds
+        total = draft_seconds + verify_seconds
         if not draft_forwards:
             self._since_draft += 1
             if total > 0:
                 self.plain.add(tokens, total)
+                self._free_seconds += total
             return
-        probing = self._probing()
-        self._since_draft = 0
+        self._since_draft, self._free_seconds = 0, 0.0
         if total > 0:
-            self.gain.add(tokens - self.plain_rate(context) * total)
+            plain_rate = self.plain_rate(context)
+            gain = tokens - plain_rate * total
+            self.gain.add(gain)
             self.drafted.add(tokens, total)
+            if probing:
+                lost = max(-gain / plain_rate, 0.0)
+                self._probe_loss = lost if self._probe_left == 0 else (self._probe_loss or 0.0) + lost
         if probing:
             self._probe_left = (PROBE_STEPS if self._probe_left == 0 else self._probe_left) - 1
             if self._probe_left:
                 return
         if self.gain.mean > 0:  # drafting pays on the evidence so far: probe soon again whenever it is switched off
-            self.reprobe_every = self._base_reprobe
+            self.reprobe_every, self._probe_loss = self._base_reprobe, None
         elif probing:  # a probe that did not pay: wait twice as long for the next one
             self.reprobe_every = min(2 * self.reprobe_every, MAX_REPROBE_EVERY)
 

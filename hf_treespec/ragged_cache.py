@@ -111,8 +111,8 @@ class RaggedKV:
 
     def retire(self, keep: torch.Tensor) -> None:
         """Drops the active rows not in ``keep`` (bool ``[B]``) from the cache; their committed KV is set aside for
-        `finish`."""
-        if bool(keep.all()):
+        `finish`. When no row is kept (the batch is done) nothing moves: `finish` lays the cache out as it is."""
+        if bool(keep.all()) or not bool(keep.any()):
             return
         gone = (~keep).nonzero().squeeze(-1).tolist()
         layers = list(_layers(self.cache))
@@ -138,6 +138,14 @@ class RaggedKV:
         active = {int(r): i for i, r in enumerate(self.rows)}
         keep = (final_lengths - 1).clamp(min=0)
         width = int(keep.max())
+        if not self._retired and torch.equal(self.rows, torch.arange(len(final_lengths))):
+            # every row still in the cache, in order (no row retired): already laid out; cut and zero the holes
+            holes = (torch.arange(width)[None] >= keep[:, None])[:, None, :, None]
+            for layer in _layers(self.cache):
+                where = holes.to(layer.keys.device)
+                layer.keys = layer.keys[..., :width, :].masked_fill(where, 0)
+                layer.values = layer.values[..., :width, :].masked_fill(where, 0)
+            return
         for index, layer in enumerate(list(_layers(self.cache))):
             keys = layer.keys.new_zeros((len(final_lengths), layer.keys.shape[1], width, layer.keys.shape[-1]))
             values = layer.values.new_zeros((len(final_lengths), layer.values.shape[1], width, layer.values.shape[-1]))

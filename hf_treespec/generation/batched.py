@@ -26,6 +26,7 @@ from ..compat import CACHE_KWARG
 from ..drafters.base import Drafter, TargetFeatures, as_drafter
 from ..features import capture_hidden_states
 from ..policies import TreePolicy
+from ..policies.auto import TreeSizer
 from ..ragged_cache import RaggedKV
 from ..step_context import StepContext, sampling_params
 from ..timing import Clock, RunningMean
@@ -129,8 +130,12 @@ def batched_tree_decoding(
     draft_mean, target_mean = RunningMean(), RunningMean()
     kv = RaggedKV(cache, prompt_mask)
 
-    def features(states, slot: int, positions) -> TargetFeatures | None:
-        return TargetFeatures(states.joined(len(layers))[slot, positions]) if layers else None
+    def drafter_features(states) -> torch.Tensor | None:
+        """The drafter's target features of the last forward, ``[B, T, F]``: joined once per forward, read per row."""
+        return states.joined(len(layers)) if layers else None
+
+    def features(joined, slot: int, positions) -> TargetFeatures | None:
+        return TargetFeatures(joined[slot, positions]) if joined is not None else None
 
     def step_context(states, slot: int, position: int, processed_row: torch.Tensor, row: RowState) -> StepContext:
         return StepContext(
@@ -155,6 +160,30 @@ def batched_tree_decoding(
             row.logits += [raw[i : i + 1] for i in range(count)]
         return done, count
 
+    def plain_rows(slots: list[int], all_logits: torch.Tensor) -> dict[int, tuple]:
+        """Draft-free rows, handled as plain batched ``generate`` handles its batch: rows of equal length share one
+        call of the logits processors and of the stopping criteria. Returns slot -> (next token, stopped, raw row,
+        processed row)."""
+        out = {}
+        by_length: dict[int, list[int]] = {}
+        for slot in slots:
+            by_length.setdefault(active[slot].ids.shape[1], []).append(slot)
+        for group in by_length.values():
+            index = torch.tensor(group, device=device)
+            ids = torch.cat([active[slot].ids for slot in group])
+            raw = all_logits[index, 0]
+            processed = logits_processor(ids, raw.clone()) if len(logits_processor) else raw
+            if do_sample:
+                tokens = torch.tensor([active[s].verifier.target_choice(processed[i]) for i, s in enumerate(group)])
+            else:
+                tokens = processed.max(-1).indices.cpu()  # plain generate's argmax (first maximum on ties)
+            extended = torch.cat([ids, tokens[:, None].to(device)], dim=1)
+            stopped = stopping_criteria(extended, None).cpu()
+            for i, slot in enumerate(group):
+                active[slot].ids = extended[i : i + 1]
+                out[slot] = (int(tokens[i]), bool(stopped[i]), raw[i : i + 1], processed[i : i + 1])
+        return out
+
     # prefill: every row's first token, chosen as plain batched generate chooses it
     positions = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0).to(device)
     with capture() as states:
@@ -165,21 +194,30 @@ def batched_tree_decoding(
     first = torch.multinomial(processed.softmax(-1), 1)[:, 0] if do_sample else processed.argmax(-1)
     t0 = clock.now()
     finished = torch.zeros(batch, dtype=torch.bool)
+    joined = drafter_features(states)
     for slot, row in enumerate(rows):
-        real = prompt_mask[slot].nonzero().squeeze(-1)
-        row.drafter.start(row.ids[0, real.to(device)], features(states, slot, real.to(device)))
+        real = prompt_mask[slot].nonzero().squeeze(-1).to(device)
+        row.drafter.start(row.ids[0, real], features(joined, slot, real))
         finished[slot] = emit(row, first[slot : slot + 1], processed[slot : slot + 1], logits[slot : slot + 1])[0]
         row.context = step_context(states, slot, -1, processed[slot], row)
     draft_seconds, verify_seconds = clock.now() - t0, 0.0
     kv.retire(~finished)
     active = [row for row, done in zip(rows, finished.tolist()) if not done]
+    root_only = torch.zeros(1, dtype=torch.long)
 
     while active:
         t0 = clock.now()
         trees: list[DraftTree] = []
-        sources: list[WarpedDraftSource] = []
+        forwards: list[int] = []  # draft forwards per row this step
         row_seconds = []
+        # one check for the batch: when no tree could pay at any row's context, no row's policy runs
+        drafts = speed is None or TreeSizer(speed, int(kv.positions().min())).could_pay()
         for row in active:
+            if not drafts:
+                trees.append(DraftTree.root(row.context.root_token))
+                forwards.append(0)
+                row_seconds.append(0.0)
+                continue
             source = WarpedDraftSource(row.drafter, logits_processor, row.ids)
             r0 = clock.now()
             tree = row.policy.build(source, row.context.root_token, context=row.context)
@@ -187,7 +225,7 @@ def batched_tree_decoding(
             if speed is not None:
                 row.shape, speed.pending_shape = speed.pending_shape, None
             trees.append(tree)
-            sources.append(source)
+            forwards.append(source.num_forwards)
         t1 = clock.now()
         ids, pos, mask4d = kv.tree_inputs(trees, mask_dtype)
         with capture() as states:
@@ -196,41 +234,47 @@ def batched_tree_decoding(
         if "latencies" in needs:
             target_mean.add(clock.now() - t1)
         all_logits = out.logits.float()
+        free = {slot for slot, tree in enumerate(trees) if tree.num_nodes == 1 and not want_scores}
+        outcome = plain_rows(sorted(free), all_logits)  # slot -> (next token, stopped, raw rows, processed rows)
         verdicts = []
         for slot, (row, tree) in enumerate(zip(active, trees)):
+            if slot in free:
+                verdicts.append(root_only)
+                continue
             nodes = torch.arange(tree.num_nodes)
             raw = all_logits[slot, : tree.num_nodes]
             processed = process_tree_logits(logits_processor, row.ids, tree, nodes, raw)
-            if tree.num_nodes == 1:  # a draft-free row: the target's own choice, as a plain generate step makes it
-                accepted, next_token = torch.zeros(1, dtype=torch.long), row.verifier.target_choice(processed[0])
+            if tree.num_nodes == 1:  # a draft-free row whose scores are kept: the target's own choice
+                accepted, next_token = root_only, row.verifier.target_choice(processed[0])
             else:
                 result = row.verifier.verify(tree, processed)
                 accepted, next_token = result.accepted.cpu(), result.next_token
-            verdicts.append((accepted, next_token, raw[accepted.to(device)], processed[accepted.to(device)]))
-        kv.commit([v[0] for v in verdicts])
+            outcome[slot] = (next_token, None, raw[accepted.to(device)], processed[accepted.to(device)])
+            verdicts.append(accepted)
+        kv.commit(verdicts)
         t2 = clock.now()
         draft_seconds += t1 - t0
         verify_seconds += t2 - t1
+        if speed is not None:
+            observe_batch_step(speed, active, trees, verdicts, forwards, width=int(ids.shape[1]),
+                               context=int(kv.positions().float().mean()), draft_seconds=t1 - t0,
+                               verify_seconds=t2 - t1)
+        joined = drafter_features(states)
         done = torch.zeros(len(active), dtype=torch.bool)
-        positions = kv.positions()
-        for slot, (row, tree, source, (accepted, next_token, raw, processed)) in enumerate(
-            zip(active, trees, sources, verdicts)
-        ):
+        for slot, (row, tree, accepted) in enumerate(zip(active, trees, verdicts)):
             if "latencies" in needs:
-                draft_mean.add(row_seconds[slot], source.num_forwards)
-            row.draft_forwards += source.num_forwards
+                draft_mean.add(row_seconds[slot], forwards[slot])
+            row.draft_forwards += forwards[slot]
             row.tree_sizes.append(tree.num_nodes - 1)
-            if speed is not None:
-                speed.pending_shape = row.shape
-                speed.observe_step(
-                    tree_scores=tree.scores[1:], on_path=on_path(tree, accepted), rows=int(ids.shape[1]),
-                    context=int(positions[slot]), draft_seconds=row_seconds[slot],
-                    draft_forwards=source.num_forwards, verify_seconds=t2 - t1, tokens=int(accepted.numel()),
-                    step_seconds=t2 - t0, observe_cost=slot == 0,
-                )
-            row.drafter.commit(tree, accepted, features(states, slot, accepted.to(device)))
-            new_tokens = torch.cat([tree.tokens[accepted[1:]], torch.tensor([next_token])])
-            done[slot], count = emit(row, new_tokens, processed, raw)
+            row.drafter.commit(tree, accepted, features(joined, slot, accepted.to(device)))
+            next_token, stopped, raw, processed = outcome[slot]
+            if slot in free:  # its token is in row.ids already (plain_rows)
+                done[slot], count = stopped, 1
+                if want_logits:
+                    row.logits.append(raw)
+            else:
+                new_tokens = torch.cat([tree.tokens[accepted[1:]], torch.tensor([next_token])])
+                done[slot], count = emit(row, new_tokens, processed, raw)
             row.accepted_lengths.append(count)
             row.context = step_context(states, slot, int(accepted[-1]), processed[-1], row)
         kv.retire(~done)
@@ -261,6 +305,25 @@ def batched_tree_decoding(
         drafted_steps=sum(size > 0 for row in rows for size in row.tree_sizes),
         row_accepted_lengths=[row.accepted_lengths for row in rows],
         attention_mask=attention_mask_of(sequences, prompt_mask.to(device), lengths.to(device)),
+    )
+
+
+def observe_batch_step(speed, active: list[RowState], trees: list[DraftTree], accepted: list[torch.Tensor],
+                       forwards: list[int], *, width: int, context: int, draft_seconds: float,
+                       verify_seconds: float) -> None:
+    """The auto-sizing speed model sees the batch step as one step (every row's tree, the batch's tokens): so its
+    drafted-vs-draft-free decision and its re-probing count batch steps, whatever the batch size. The sampled shape
+    each row's policy chose is scored on that row's own acceptance."""
+    for row, path in zip(active, accepted):
+        if row.shape is not None:
+            speed.depth_acceptance.observe(*row.shape, int(path.numel()) - 1)
+            row.shape = None
+    speed.observe_step(
+        tree_scores=torch.cat([tree.scores[1:] for tree in trees]),
+        on_path=torch.cat([on_path(tree, path) for tree, path in zip(trees, accepted)]),
+        rows=width, context=context, draft_seconds=draft_seconds,
+        draft_forwards=sum(forwards), verify_seconds=verify_seconds,
+        tokens=sum(int(path.numel()) for path in accepted), trees=len(trees),
     )
 
 

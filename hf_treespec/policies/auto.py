@@ -73,6 +73,17 @@ class TreeSizer:
         """Whether this step may run the drafter at all (measured drafted vs. draft-free speed, with re-probing)."""
         return self.mode != "skip"
 
+    def could_pay(self, max_depth: int = AUTO_MAX_NODES) -> bool:
+        """Whether any tree could beat a draft-free step this step: an upper bound over every policy's trees. A tree
+        of depth d takes at least d draft forwards, verifies at least d + 1 rows and commits at most d + 1 tokens,
+        so it is never faster than ``(1 + d) / (d * t_draft + c(1 + d))``. False in "skip" mode, True in "probe"
+        mode (a probe drafts regardless). Lets a batch skip every row's policy when no row could draft."""
+        if self.mode != "size":
+            return self.mode == "probe"
+        depths = torch.arange(1, min(max_depth, self._costs.numel() - 1) + 1, dtype=torch.float64)
+        best = ((1 + depths) / (depths * self.t_draft + self._costs[depths.long()])).max()
+        return bool(best > 1.0 / self.cost(1))
+
     def rates(self, ranked_scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """For candidate draft nodes ranked best first (every prefix closed under parents): expected tokens and
         expected tokens/s of keeping the first n of them, n = 0..len, with the draft time spent so far."""
