@@ -270,3 +270,12 @@ def _parent_levels(parents: torch.Tensor, start: int) -> list[slice]:
     runs.append(slice(lo, parents.numel()))
     return [r for r in runs if r.stop > r.start]
 
+
+def top_by_score(tree: DraftTree, count: int) -> DraftTree:
+    """Keeps the root and the ``count`` best-scoring other nodes. Ties go to lower indices, so parents (score >=
+    child's, index < child's) always outrank their children and the result is closed under parents."""
+    if tree.num_nodes - 1 <= count:
+        return tree
+    order = torch.sort(-tree.scores[1:], stable=True).indices[:count] + 1
+    keep = torch.cat([order.new_zeros(1), order])
+    return tree.select(keep)

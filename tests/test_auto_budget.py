@@ -378,7 +378,8 @@ def test_sampling_with_auto_runs_and_reports(target, drafters, prompt, tmp_path,
     out = target.generate(prompt, assistant_model=drafters["perturbed"], tree_policy="salf", tree_budget="auto",
                           do_sample=True, temperature=1.0, max_new_tokens=20, return_dict_in_generate=True)
     assert out.sequences.shape[1] == prompt.shape[1] + 20
-    assert out.drafted_steps is not None
+    assert sum(out.accepted_lengths) + 1 == 20 and len(out.accepted_lengths) == len(out.tree_sizes)
+    assert out.drafted_steps == sum(size > 0 for size in out.tree_sizes)
 
 
 def test_num_beams_refused(target, drafters, prompt):

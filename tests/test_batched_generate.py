@@ -180,6 +180,78 @@ def test_auto_budget_batch(target, drafters, tmp_path, monkeypatch):
                                                                       max_new_tokens=20)), row
 
 
+def steep_curve():
+    """Every extra target row costs a full step: no tree can pay at any batch size."""
+    from hf_treespec.latency import CostCurve
+
+    sizes = [1, 2, 4, 8, 16, 32, 64, 128]
+    return CostCurve(sizes, [256], [[0.05 * n for n in sizes]])
+
+
+def test_batch_where_no_tree_pays_runs_no_policy_and_equals_plain(target, drafters, tmp_path, monkeypatch):
+    """auto under a cost curve where no tree can pay: no row drafts (one bound per step, no probe within budget), the
+    draft-free rows share processor and stopping calls per row length, and every row equals plain batched
+    generate, a prefix-reading processor (no-repeat n-grams) and a custom EOS included."""
+    monkeypatch.setenv("HF_TREESPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr("hf_treespec.latency.load_or_calibrate", lambda m, cache_dir=None: steep_curve())
+    ids, mask = left_padded()
+    refs = [single(target, p, do_sample=False, max_new_tokens=30) for p in PROMPTS]
+    eos = int(refs[1][7])
+    kwargs = dict(do_sample=False, max_new_tokens=30, eos_token_id=eos, pad_token_id=PAD, no_repeat_ngram_size=2)
+    plain = target.generate(ids, attention_mask=mask, **kwargs)
+    calls = []
+    salf = hf_treespec.policies.POLICIES.get("salf")
+    original = salf.build
+    monkeypatch.setattr(salf, "build",
+                        lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
+    out = target.generate(ids, attention_mask=mask, **kwargs, assistant_model=drafters["copy"], tree_policy="salf",
+                          tree_budget="auto", return_dict_in_generate=True)
+    assert torch.equal(out.sequences, plain)
+    assert out.drafted_steps == 0 and out.draft_forwards == 0 and not calls
+    lengths = [sum(r) + 1 for r in out.row_accepted_lengths]
+    assert len(set(lengths)) > 1, "the test needs rows finishing at different steps"
+    for row, prompt in enumerate(PROMPTS):  # and each row equals its own single-prompt generate
+        ref = single(target, prompt, **kwargs)
+        assert torch.equal(out.sequences[row, ids.shape[1] : ids.shape[1] + len(ref)], ref), row
+
+
+def test_processor_with_per_row_state_is_refused_by_name():
+    """transformers (5.2x) gives the repetition penalty a per-row prompt_ignore_length for a padded batch; the loop
+    calls processors on row subsets, so it refuses that state by name instead of failing inside the processor."""
+    import inspect
+
+    from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
+
+    from hf_treespec.generation.batched import check_row_wise_processors
+
+    if "prompt_ignore_length" not in inspect.signature(RepetitionPenaltyLogitsProcessor.__init__).parameters:
+        pytest.skip("this transformers has no per-row prompt_ignore_length")
+    per_row = RepetitionPenaltyLogitsProcessor(1.3, prompt_ignore_length=torch.tensor([2, 0, 1]))
+    with pytest.raises(ValueError, match="RepetitionPenaltyLogitsProcessor.*one prompt at a time"):
+        check_row_wise_processors(LogitsProcessorList([per_row]), batch=3)
+    check_row_wise_processors(LogitsProcessorList([per_row]), batch=1)  # one sequence: its state is that row's
+    check_row_wise_processors(LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.3)]), batch=3)
+
+
+def test_could_pay_bounds_every_tree():
+    """`TreeSizer.could_pay`: False when even a perfectly accepted chain of any depth loses to a draft-free step at
+    this batch (a steep curve, or a flat one at a batch whose rows draft one after another), True where a tree could
+    pay."""
+    from hf_treespec.latency import CostCurve, SpeedModel
+    from hf_treespec.policies.auto import TreeSizer
+
+    sizes = [1, 2, 4, 8, 16, 32, 64, 128]
+    flat = CostCurve(sizes, [256], [[0.05 + 0.0001 * n for n in sizes]])
+    assert not TreeSizer(SpeedModel(steep_curve()), 256).could_pay()
+    assert TreeSizer(SpeedModel(flat), 256).could_pay()
+    assert TreeSizer(SpeedModel(flat, batch=2), 256).could_pay()
+    # rows draft one after another: at batch 16 an expansion costs 16 draft forwards (4.8 one-row steps at the prior)
+    assert not TreeSizer(SpeedModel(flat, batch=16), 256).could_pay()
+    costly = SpeedModel(flat, batch=64)
+    costly._draft.add(0.05)  # one draft forward per row costs a whole one-row step: 64 of them per expansion
+    assert not TreeSizer(costly, 256).could_pay()
+
+
 def test_batch_prices_total_rows():
     """A batch of B prices a step of n nodes per tree as B x n rows of the cost curve, drafting as B forwards."""
     from hf_treespec.latency import CostCurve, SpeedModel

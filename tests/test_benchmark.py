@@ -443,7 +443,11 @@ def test_real_model_quick_smoke(tmp_path):
     assert methods["plain"]["speedup"] == 1.0 and methods["plain"]["tau"] == 1.0
     # --quick sizes tree:salf by measured cost: on a CPU where no tree pays it runs draft-free steps (tau 1)
     salf = methods["tree:salf"]
-    assert salf["tau"] >= 1.0 and salf["drafted_share"] is not None
+    assert 0.0 <= salf["drafted_share"] <= 1.0
+    if salf["drafted_share"] == 0.0:  # draft-free steps commit exactly one token each
+        assert salf["tau"] == 1.0
+    else:  # a few probe steps may all be rejected, so only the floor holds
+        assert salf["tau"] >= 1.0
     from hf_treespec.hardware import fast_dtype
 
     assert summary["settings"]["model_dtype"] == str(fast_dtype()).removeprefix("torch.")  # --dtype auto

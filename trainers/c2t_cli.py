@@ -30,12 +30,12 @@ def add_c2t_commands(commands, common, threads) -> None:
     p.set_defaults(handler=lambda args: run_c2t_data(args, threads))
 
     from .c2t import C2TConfig
-    from .cli import _add_short_flags, add_config_command
+    from .cli_common import add_short_flags, add_config_command
 
     parser = add_config_command(commands, "c2t", [C2TConfig, C2TRunArguments], lambda args: run_c2t(args, threads),
                                 help="train the C2T confidence classifier (tree_policy='c2t') on c2t-data",
                                 output_dir="runs/c2t")
-    _add_short_flags(parser)
+    add_short_flags(parser)
 
     p = commands.add_parser("static-shape", help="Sequoia's optimal static tree (tree_shape=) from the per-rank "
                                                  "acceptance measured in c2t-data",
@@ -100,7 +100,7 @@ def run_c2t(args, threads) -> int:
     from hf_treespec.policies.c2t import C2TClassifier, C2TClassifierConfig
 
     from .c2t import C2TConfig, C2TTrainer, load_c2t_data
-    from .cli import config_from_args
+    from .cli_common import config_from_args
 
     threads(args)
     data = load_c2t_data(args.data)

@@ -27,18 +27,18 @@ decorated with ``@subcommand("name")``.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from transformers import HfArgumentParser
+from hf_treespec.hardware import AUTO_DTYPE, AUTO_DTYPE_HELP, DTYPE_CHOICES, DTYPES, resolve_dtype_name
 
-from hf_treespec.hardware import AUTO_DTYPE, AUTO_DTYPE_HELP, DTYPE_CHOICES, DTYPES, fast_dtype, resolve_dtype_name
-
+from .cli_common import (
+    ConfigParser, add_config_command, add_short_flags, bf16_supported, config_from_args, precision_overrides,
+    resume_field, resume_from, run_overrides, set_threads,
+)
 from .regenerate import CHUNK_PREFIX as REGEN_CHUNK_PREFIX
 from .regenerate import add_regenerate_parser
 
@@ -63,42 +63,6 @@ def subcommand(name: str) -> Callable[[Callable[[Any], None]], Callable[[Any], N
     return register
 
 
-class ConfigParser(HfArgumentParser):
-    """``HfArgumentParser`` (options generated from dataclasses) plus ``--config file.yaml``: the file's values
-    replace the defaults, flags on the command line replace the file's (as TRL's ``TrlParser`` does)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.add_argument("--config", default=None, metavar="FILE.yaml",
-                          help="YAML mapping of option names (as in the dataclasses) to values; flags override it")
-
-    def parse_known_args(self, args=None, namespace=None):
-        args = list(sys.argv[1:] if args is None else args)
-        config = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--config"), None)
-        config = config or next((a.split("=", 1)[1] for a in args if a.startswith("--config=")), None)
-        if config:
-            values = self._yaml_values(config)
-            self.set_defaults(**values)
-            for action in self._actions:  # a required option the file supplies is no longer missing
-                if action.dest in values:
-                    action.required = False
-        return super().parse_known_args(args, namespace)
-
-    def _yaml_values(self, path: str) -> dict[str, Any]:
-        import yaml
-
-        if not Path(path).is_file():
-            raise FileNotFoundError(f"--config {path} does not exist.")
-        values = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-        if not isinstance(values, dict):
-            raise ValueError(f"--config {path} must hold a mapping of option names to values.")
-        known = {action.dest for action in self._actions}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"--config {path}: unknown options {unknown}; see --help for the valid names.")
-        return values
-
-
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Adds ``train`` and its registered subcommands to the ``hf-treespec`` parser; each sets ``handler``."""
     parser = subparsers.add_parser("train", help="train TreeSpec feature drafters (EAGLE, HASS, TALF, EAGLE-3 TTT, GTO), the NDE "
@@ -108,21 +72,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     for add in SUBCOMMANDS.values():
         add(commands)
     return parser
-
-
-def add_config_command(commands, name: str, dataclass_types: list[type], handler: Callable, help: str,
-                       **cli_defaults: Any) -> ConfigParser:
-    """A subcommand whose options are generated from ``dataclass_types`` (their defaults are the CLI's)."""
-    parser = commands.add_parser(name, dataclass_types=dataclass_types, help=help)
-    parser.set_defaults(handler=handler, **cli_defaults)
-    return parser
-
-
-def config_from_args(config_class: type, args: argparse.Namespace, **overrides: Any):
-    """``config_class`` built from the parsed options that are its fields (plus ``overrides``)."""
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(config_class)
-              if f.init and hasattr(args, f.name)}
-    return config_class(**{**values, **overrides})
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -212,7 +161,7 @@ def run_prepare(args: argparse.Namespace) -> int:
 
     from .ttt import resolve_target_layers
 
-    _threads(args)
+    set_threads(args)
     policy = None if args.tree_policy.lower() == "none" else args.tree_policy
     positions = None if str(args.tree_positions).lower() == "all" else int(args.tree_positions)
     model, tokenizer = load_target(args.target, dtype=DTYPES[resolve_dtype_name(args.dtype)])
@@ -243,11 +192,6 @@ def _disk_mb(path: Path) -> float:
 
 
 # ------------------------------------------------------------------------------------------------------- train
-def resume_field():
-    """``--resume [FOLDER]``: a checkpoint folder, or bare / ``last`` for the last checkpoint in --output-dir."""
-    return field(default=None, metadata={
-        "help": "resume from a checkpoint folder, or the last one in --output-dir (bare --resume or 'last')",
-        "nargs": "?", "const": "last"})
 
 
 @dataclass
@@ -274,19 +218,6 @@ class DrafterRunArguments:
     no_progress: bool = field(default=False, metadata={"help": "hide progress bars"})
 
 
-#: short spellings kept for the most used TrainingArguments options
-SHORT_FLAGS = {"--lr": "learning_rate", "--epochs": "num_train_epochs", "--batch-size": "per_device_train_batch_size",
-               "--grad-accum": "gradient_accumulation_steps", "--scheduler": "lr_scheduler_type",
-               "--warmup": "warmup_steps"}
-
-
-def _add_short_flags(parser: argparse.ArgumentParser) -> None:
-    types = {action.dest: action.type for action in parser._actions}
-    for flag, dest in SHORT_FLAGS.items():
-        parser.add_argument(flag, dest=dest, type=types.get(dest), default=argparse.SUPPRESS,
-                            help=f"same as --{dest}")
-
-
 def _trainer_command(name: str) -> Callable[[Any], None]:
     def add(commands) -> None:
         from . import TRAINERS
@@ -294,35 +225,12 @@ def _trainer_command(name: str) -> Callable[[Any], None]:
         parser = add_config_command(commands, name, [TRAINERS[name].config_class, DrafterRunArguments], run_train,
                                     help=f"train a drafter with the {name.upper()} objective", objective=name,
                                     output_dir=f"runs/{name}")
-        _add_short_flags(parser)
+        add_short_flags(parser)
     return add
 
 
 for _name in ("eagle", "hass", "talf", "ttt"):
     subcommand(_name)(_trainer_command(_name))
-
-
-def _threads(args) -> None:
-    if getattr(args, "threads", None):
-        import torch
-
-        torch.set_num_threads(args.threads)
-
-
-def _bf16_supported() -> bool:
-    import torch
-
-    if torch.cuda.is_available():
-        return torch.cuda.is_bf16_supported()
-    return fast_dtype("cpu") == torch.bfloat16  # native bf16 matmuls: avx512_bf16 / AMX
-
-
-def precision_overrides(bf16: bool) -> dict[str, Any]:
-    """``TrainingArguments`` for the training precision. transformers refuses bf16 without a bf16 GPU unless
-    ``use_cpu`` is set, so a bf16 run on a CPU (avx512_bf16 / AMX, where ``--precision auto`` picks it) says so."""
-    import torch
-
-    return {"bf16": bf16, **({"use_cpu": True} if bf16 and not torch.cuda.is_available() else {})}
 
 
 def _check_init_shape(args, config) -> None:
@@ -372,7 +280,7 @@ def run_train(args: argparse.Namespace) -> int:
     from . import TRAINERS
     from .data import load_prepared
 
-    _threads(args)
+    set_threads(args)
     trainer_cls = TRAINERS[args.objective]
     data = load_prepared(args.data)
     eval_data = load_prepared(args.eval_data) if args.eval_data else None
@@ -381,12 +289,12 @@ def run_train(args: argparse.Namespace) -> int:
                          "TALF.")
     target, _ = load_target(args.target or data.config.target, dtype=torch.bfloat16)
     drafter = build_drafter(args, target, data)
-    bf16 = args.precision == "bf16" or (args.precision == "auto" and _bf16_supported())
+    bf16 = args.precision == "bf16" or (args.precision == "auto" and bf16_supported())
     training_args = config_from_args(trainer_cls.config_class, args, **precision_overrides(bf16),
-                                     **_run_overrides(args, eval_data))
+                                     **run_overrides(args, eval_data))
     trainer = trainer_cls(drafter, training_args, target_model=target, train_dataset=data, eval_dataset=eval_data)
     start = time.perf_counter()
-    result = trainer.train(resume_from_checkpoint=_resume_from(args))
+    result = trainer.train(resume_from_checkpoint=resume_from(args))
     seconds = time.perf_counter() - start
     drafter.save_pretrained(args.output_dir)
     summary = {"objective": args.objective, "output_dir": args.output_dir, "steps": result.global_step,
@@ -396,32 +304,6 @@ def run_train(args: argparse.Namespace) -> int:
     (Path(args.output_dir) / "training_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary))
     return 0
-
-
-def _run_overrides(args: argparse.Namespace, eval_data) -> dict[str, Any]:
-    """TrainingArguments that follow from run options: evaluate each epoch when there is eval data (unless an
-    eval strategy was chosen), ``--no-progress``."""
-    overrides: dict[str, Any] = {}
-    if eval_data is not None and args.eval_strategy in ("no", None):
-        overrides["eval_strategy"] = "epoch"
-    if args.no_progress:
-        overrides["disable_tqdm"] = True
-    return overrides
-
-
-def _resume_from(args: argparse.Namespace) -> str | None:
-    """``--resume`` as ``resume_from_checkpoint``: a folder, the last checkpoint of ``--output-dir``, or None."""
-    return _last_checkpoint(args.output_dir) if args.resume == "last" else args.resume
-
-
-def _last_checkpoint(output_dir: str) -> str | None:
-    from transformers.trainer_utils import get_last_checkpoint
-
-    folder = Path(output_dir)
-    last = get_last_checkpoint(str(folder)) if folder.is_dir() else None
-    if last is None:
-        print(f"no checkpoint in {output_dir}; starting fresh")
-    return last
 
 
 # ---------------------------------------------------------------------------------------------------- evaluate
@@ -447,7 +329,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
     from .evaluation import acceptance_by_depth
     from .losses import TargetHead
 
-    _threads(args)
+    set_threads(args)
     data = load_prepared(args.data)
     target, _ = load_target(args.target, dtype=torch.bfloat16)
     head = TargetHead.from_target(target)
@@ -528,7 +410,7 @@ def run_nde_data(args: argparse.Namespace) -> int:
     from .latency import measure_latency
     from .nde_data import NDEDataConfig, generate_nde_data, load_nde_data
 
-    _threads(args)
+    set_threads(args)
     verifier = args.verifier or ("greedy" if args.temperature == 0 else "specinfer")
     config = NDEDataConfig(
         paths=args.paths, trunks=args.trunks, branches=args.branches, verifier=verifier,
@@ -590,22 +472,22 @@ def _add_nde(commands) -> None:
     parser = add_config_command(commands, "nde", [NDEConfig, NDERunArguments], run_nde,
                                 help="train the NDE delay selector (tree_policy='nde') on nde-data",
                                 output_dir="runs/nde")
-    _add_short_flags(parser)
+    add_short_flags(parser)
 
 
 def run_nde(args: argparse.Namespace) -> int:
     from .nde import NDEConfig, NDETrainer, build_selector
     from .nde_data import load_nde_data
 
-    _threads(args)
+    set_threads(args)
     data = load_nde_data(args.data)
     eval_data = load_nde_data(args.eval_data) if args.eval_data else None
     selector = build_selector(data, shared_dim=args.shared_dim, dropout=args.dropout, use_hidden=not args.no_hidden,
                               latency_features=args.latency_features)
-    training_args = config_from_args(NDEConfig, args, **_run_overrides(args, eval_data))
+    training_args = config_from_args(NDEConfig, args, **run_overrides(args, eval_data))
     trainer = NDETrainer(selector, training_args, train_dataset=data, eval_dataset=eval_data)
     start = time.perf_counter()
-    result = trainer.train(resume_from_checkpoint=_resume_from(args))
+    result = trainer.train(resume_from_checkpoint=resume_from(args))
     trainer.save_model(args.output_dir)
     summary = {"output_dir": args.output_dir, "steps": result.global_step, "roots": len(data),
                "train_loss": round(result.training_loss, 4), "seconds": round(time.perf_counter() - start, 1),
@@ -664,4 +546,4 @@ def _add_gto(commands) -> None:
 def _add_c2t(commands) -> None:
     from .c2t_cli import add_c2t_commands  # c2t-data, c2t and static-shape
 
-    add_c2t_commands(commands, _common, _threads)
+    add_c2t_commands(commands, _common, set_threads)

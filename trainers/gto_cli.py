@@ -21,7 +21,7 @@ from pathlib import Path
 
 from hf_treespec.hardware import AUTO_DTYPE, AUTO_DTYPE_HELP, DTYPES, resolve_dtype_name
 
-from .cli import resume_field
+from .cli_common import resume_field
 
 
 @dataclass
@@ -45,13 +45,13 @@ class GTORunArguments:
 def add_gto_parser(commands) -> argparse.ArgumentParser:
     """Adds the ``gto`` subcommand to ``hf-treespec train``: options generated from ``GTOConfig`` (the paper's
     defaults) and :class:`GTORunArguments`."""
-    from .cli import _add_short_flags, add_config_command
+    from .cli_common import add_short_flags, add_config_command
     from .gto import GTOConfig
 
     parser = add_config_command(commands, "gto", [GTOConfig, GTORunArguments], run_gto,
                                 help="GTO: fine-tune a drafter on the expected acceptance length of its own trees",
                                 output_dir="runs/gto")
-    _add_short_flags(parser)
+    add_short_flags(parser)
     return parser
 
 
@@ -59,11 +59,11 @@ def run_gto(args: argparse.Namespace) -> int:
     from hf_treespec.assets import load_target, shipped_drafter_path
     from hf_treespec.drafters import TreeSpecDrafterModel
 
-    from .cli import _resume_from, _run_overrides, _threads, config_from_args, precision_overrides
+    from .cli_common import resume_from, run_overrides, set_threads, config_from_args, precision_overrides
     from .data import load_prepared
     from .gto import GTOConfig, GTOTrainer
 
-    _threads(args)
+    set_threads(args)
     args.dtype = resolve_dtype_name(args.dtype)
     dtype = DTYPES[args.dtype]
     data = load_prepared(args.data)
@@ -80,10 +80,10 @@ def run_gto(args: argparse.Namespace) -> int:
         raise ValueError(f"--init reads target layers {drafter.config.target_layers}, but --data was prepared with "
                          f"{data.config.target_layers}.")
     training_args = config_from_args(GTOConfig, args, **precision_overrides(args.dtype == "bf16"),
-                                     **_run_overrides(args, eval_data))
+                                     **run_overrides(args, eval_data))
     trainer = GTOTrainer(drafter, training_args, target_model=target, train_dataset=data, eval_dataset=eval_data)
     start = time.perf_counter()
-    result = trainer.train(resume_from_checkpoint=_resume_from(args))
+    result = trainer.train(resume_from_checkpoint=resume_from(args))
     drafter.save_pretrained(args.output_dir)
     logs = [log for log in trainer.state.log_history if "loss" in log]
     summary = {"objective": "gto", "init": init, "output_dir": args.output_dir, "steps": result.global_step,

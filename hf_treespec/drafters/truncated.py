@@ -28,7 +28,7 @@ def truncated(model: PreTrainedModel, num_layers: int) -> PreTrainedModel:
     if getattr(config, "layer_types", None) is not None:
         config.layer_types = config.layer_types[:num_layers]
     with torch.device("meta"):
-        drafter = getattr(type(model), "_treespec_base_class", type(model))(config)
+        drafter = type(model)(config)
     drafter.model.embed_tokens = base.embed_tokens
     drafter.model.layers = torch.nn.ModuleList(list(layers)[:num_layers])
     drafter.model.norm = base.norm

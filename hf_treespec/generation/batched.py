@@ -9,7 +9,10 @@ padded with ``pad_token_id`` exactly as plain ``generate`` pads it.
 Python loops over rows remain where a per-row rule is the contract: policies grow data-dependent trees from their
 own drafter state (``TreePolicy.build`` takes one root), verifiers walk one tree each (their acceptance rules are
 sequential per tree), and stopping criteria are callables over a ``[batch, length]`` tensor whose rows here have
-different lengths. The target forward, the dominant cost, and the KV moves are batched.
+different lengths. The target forward, the dominant cost, and the KV moves are batched. Draft-free rows (every row,
+when ``tree_budget="auto"`` finds that no tree could pay at this batch) are handled as plain batched ``generate``
+handles its batch: rows of equal length share one logits-processor call and one stopping-criteria call, and no
+row's policy runs.
 """
 
 from __future__ import annotations
@@ -92,6 +95,20 @@ def check_batch_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | N
     return mask
 
 
+def check_row_wise_processors(processors: LogitsProcessorList, batch: int) -> None:
+    """Refuses processors that hold state indexed by batch row: the loop calls processors on single rows and on
+    groups of rows, which such state does not follow. transformers gives the repetition penalty a per-row
+    ``prompt_ignore_length`` (the left padding) for a padded batch."""
+    for processor in processors:
+        state = getattr(processor, "prompt_ignore_length", None)
+        if isinstance(state, torch.Tensor) and batch > 1:
+            raise ValueError(
+                f"{type(processor).__name__} keeps per-row state for a padded batch (prompt_ignore_length), which "
+                "the batched tree loop does not follow yet; generate one prompt at a time with repetition_penalty, "
+                "or drop it for the batch."
+            )
+
+
 def batched_tree_decoding(
     model, input_ids, logits_processor: LogitsProcessorList, stopping_criteria: StoppingCriteriaList,
     generation_config: GenerationConfig, *, streamer, assistant_model, **model_kwargs,
@@ -99,6 +116,7 @@ def batched_tree_decoding(
     """The batched loop (called by ``tree_speculative_decoding`` for a batch or a padded prompt; same inputs and
     outputs, under its ``inference_mode``)."""
     prompt_mask = check_batch_inputs(input_ids, model_kwargs.get("attention_mask"), streamer)
+    check_row_wise_processors(logits_processor, input_ids.shape[0])
     batch, prompt_len = input_ids.shape
     device = input_ids.device
     first_drafter = check_drafter(model, assistant_model)

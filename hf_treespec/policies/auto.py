@@ -19,7 +19,7 @@ from functools import cached_property
 
 import torch
 
-from ..tree import DraftTree
+from ..tree import DraftTree, top_by_score
 
 AUTO = "auto"
 #: most draft nodes an auto-sized tree may hold (the cost rule usually stops far earlier on a CPU)
@@ -154,8 +154,6 @@ class TreeSizer:
 
     def prune(self, tree: DraftTree) -> DraftTree:
         """Keeps the best prefix of nodes by draft score (the root alone when no draft pays)."""
-        from .base import top_by_score  # base imports this module
-
         self.speed.observe_children(tree.scores, tree.parents)
         n, _, _ = self.best(tree)
         if self.mode == "probe":

@@ -167,16 +167,6 @@ class TreePolicy(ABC):
         """
 
 
-def top_by_score(tree: DraftTree, count: int) -> DraftTree:
-    """Keeps the root and the ``count`` best-scoring other nodes. Ties go to lower indices, so parents (score >=
-    child's, index < child's) always outrank their children and the result is closed under parents."""
-    if tree.num_nodes - 1 <= count:
-        return tree
-    order = torch.sort(-tree.scores[1:], stable=True).indices[:count] + 1
-    keep = torch.cat([order.new_zeros(1), order])
-    return tree.select(keep)
-
-
 def draft_greedy_chain(source: DraftSource, tree: DraftTree, node: int, length: int) -> DraftTree:
     """Hangs below ``node`` the chain of draft argmaxes, up to ``length`` tokens, stopping where q has no support.
 

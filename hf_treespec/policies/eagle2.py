@@ -6,7 +6,8 @@ import torch
 
 from ..tree import DraftTree
 from .auto import AUTO_MAX_NODES, sizer_from
-from .base import POLICIES, TreePolicy, top_by_score, topk_children
+from ..tree import top_by_score
+from .base import POLICIES, TreePolicy, topk_children
 
 
 def add_topk_children(tree: DraftTree, nodes: torch.Tensor, vals: torch.Tensor, toks: torch.Tensor

@@ -1,0 +1,136 @@
+"""What every ``hf-treespec train`` command shares: the dataclass-driven parser with ``--config file.yaml``, config
+building from parsed options, resume, threads and precision handling. The command modules (``cli.py``,
+``gto_cli.py``, ``c2t_cli.py``) import from here, never from each other."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from dataclasses import field
+from pathlib import Path
+from typing import Any, Callable
+
+from transformers import HfArgumentParser
+
+from hf_treespec.hardware import fast_dtype
+
+
+class ConfigParser(HfArgumentParser):
+    """``HfArgumentParser`` (options generated from dataclasses) plus ``--config file.yaml``: the file's values
+    replace the defaults, flags on the command line replace the file's (as TRL's ``TrlParser`` does)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.add_argument("--config", default=None, metavar="FILE.yaml",
+                          help="YAML mapping of option names (as in the dataclasses) to values; flags override it")
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = list(sys.argv[1:] if args is None else args)
+        config = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--config"), None)
+        config = config or next((a.split("=", 1)[1] for a in args if a.startswith("--config=")), None)
+        if config:
+            values = self._yaml_values(config)
+            self.set_defaults(**values)
+            for action in self._actions:  # a required option the file supplies is no longer missing
+                if action.dest in values:
+                    action.required = False
+        return super().parse_known_args(args, namespace)
+
+    def _yaml_values(self, path: str) -> dict[str, Any]:
+        import yaml
+
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"--config {path} does not exist.")
+        values = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        if not isinstance(values, dict):
+            raise ValueError(f"--config {path} must hold a mapping of option names to values.")
+        known = {action.dest for action in self._actions}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"--config {path}: unknown options {unknown}; see --help for the valid names.")
+        return values
+
+
+def add_config_command(commands, name: str, dataclass_types: list[type], handler: Callable, help: str,
+                       **cli_defaults: Any) -> ConfigParser:
+    """A subcommand whose options are generated from ``dataclass_types`` (their defaults are the CLI's)."""
+    parser = commands.add_parser(name, dataclass_types=dataclass_types, help=help)
+    parser.set_defaults(handler=handler, **cli_defaults)
+    return parser
+
+
+def config_from_args(config_class: type, args: argparse.Namespace, **overrides: Any):
+    """``config_class`` built from the parsed options that are its fields (plus ``overrides``)."""
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(config_class)
+              if f.init and hasattr(args, f.name)}
+    return config_class(**{**values, **overrides})
+
+
+def resume_field():
+    """``--resume [FOLDER]``: a checkpoint folder, or bare / ``last`` for the last checkpoint in --output-dir."""
+    return field(default=None, metadata={
+        "help": "resume from a checkpoint folder, or the last one in --output-dir (bare --resume or 'last')",
+        "nargs": "?", "const": "last"})
+
+
+#: short spellings kept for the most used TrainingArguments options
+SHORT_FLAGS = {"--lr": "learning_rate", "--epochs": "num_train_epochs", "--batch-size": "per_device_train_batch_size",
+               "--grad-accum": "gradient_accumulation_steps", "--scheduler": "lr_scheduler_type",
+               "--warmup": "warmup_steps"}
+
+
+def add_short_flags(parser: argparse.ArgumentParser) -> None:
+    types = {action.dest: action.type for action in parser._actions}
+    for flag, dest in SHORT_FLAGS.items():
+        parser.add_argument(flag, dest=dest, type=types.get(dest), default=argparse.SUPPRESS,
+                            help=f"same as --{dest}")
+
+
+def set_threads(args) -> None:
+    if getattr(args, "threads", None):
+        import torch
+
+        torch.set_num_threads(args.threads)
+
+
+def bf16_supported() -> bool:
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    return fast_dtype("cpu") == torch.bfloat16  # native bf16 matmuls: avx512_bf16 / AMX
+
+
+def precision_overrides(bf16: bool) -> dict[str, Any]:
+    """``TrainingArguments`` for the training precision. transformers refuses bf16 without a bf16 GPU unless
+    ``use_cpu`` is set, so a bf16 run on a CPU (avx512_bf16 / AMX, where ``--precision auto`` picks it) says so."""
+    import torch
+
+    return {"bf16": bf16, **({"use_cpu": True} if bf16 and not torch.cuda.is_available() else {})}
+
+
+def run_overrides(args: argparse.Namespace, eval_data) -> dict[str, Any]:
+    """TrainingArguments that follow from run options: evaluate each epoch when there is eval data (unless an
+    eval strategy was chosen), ``--no-progress``."""
+    overrides: dict[str, Any] = {}
+    if eval_data is not None and args.eval_strategy in ("no", None):
+        overrides["eval_strategy"] = "epoch"
+    if args.no_progress:
+        overrides["disable_tqdm"] = True
+    return overrides
+
+
+def resume_from(args: argparse.Namespace) -> str | None:
+    """``--resume`` as ``resume_from_checkpoint``: a folder, the last checkpoint of ``--output-dir``, or None."""
+    return last_checkpoint(args.output_dir) if args.resume == "last" else args.resume
+
+
+def last_checkpoint(output_dir: str) -> str | None:
+    from transformers.trainer_utils import get_last_checkpoint
+
+    folder = Path(output_dir)
+    last = get_last_checkpoint(str(folder)) if folder.is_dir() else None
+    if last is None:
+        print(f"no checkpoint in {output_dir}; starting fresh")
+    return last
