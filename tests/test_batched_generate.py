@@ -215,22 +215,33 @@ def test_batch_where_no_tree_pays_runs_no_policy_and_equals_plain(target, drafte
         assert torch.equal(out.sequences[row, ids.shape[1] : ids.shape[1] + len(ref)], ref), row
 
 
-def test_processor_with_per_row_state_is_refused_by_name():
-    """transformers (5.2x) gives the repetition penalty a per-row prompt_ignore_length for a padded batch; the loop
-    calls processors on row subsets, so it refuses that state by name instead of failing inside the processor."""
-    import inspect
+@pytest.mark.parametrize("policy", ["chain", "salf"])
+def test_repetition_penalty_on_a_padded_batch_equals_plain_batched(target, drafters, policy):
+    """transformers (5.2x) gives the repetition penalty each row's left padding as per-row state; the loop calls
+    processors on single rows, tree nodes and groups of rows, so that state must follow the row (the pad id 0 is a
+    token these prompts would otherwise be penalised for)."""
+    ids, mask = left_padded()
+    kwargs = dict(attention_mask=mask, do_sample=False, max_new_tokens=20, repetition_penalty=1.5, pad_token_id=PAD)
+    ref = target.generate(ids, **kwargs)
+    out = target.generate(ids, assistant_model=drafters["perturbed"], tree_policy=policy, **kwargs)
+    assert torch.equal(out, ref)
 
-    from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
 
-    from hf_treespec.generation.batched import check_row_wise_processors
+def test_per_row_processor_state_is_narrowed_to_the_rows():
+    from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper
 
-    if "prompt_ignore_length" not in inspect.signature(RepetitionPenaltyLogitsProcessor.__init__).parameters:
-        pytest.skip("this transformers has no per-row prompt_ignore_length")
-    per_row = RepetitionPenaltyLogitsProcessor(1.3, prompt_ignore_length=torch.tensor([2, 0, 1]))
-    with pytest.raises(ValueError, match="RepetitionPenaltyLogitsProcessor.*one prompt at a time"):
-        check_row_wise_processors(LogitsProcessorList([per_row]), batch=3)
-    check_row_wise_processors(LogitsProcessorList([per_row]), batch=1)  # one sequence: its state is that row's
-    check_row_wise_processors(LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.3)]), batch=3)
+    from hf_treespec.generation.processors import processors_for_rows
+
+    penalty, warper = RepetitionPenaltyLogitsProcessor(1.3), TemperatureLogitsWarper(0.7)
+    penalty.prompt_ignore_length = torch.tensor([2, 0, 1])  # as transformers sets it for a padded batch
+    processors = LogitsProcessorList([warper, penalty])
+    one = processors_for_rows(processors, 2)
+    assert one[0] is warper and one[1].prompt_ignore_length == 1 and isinstance(one[1].prompt_ignore_length, int)
+    group = processors_for_rows(processors, [2, 0])
+    assert torch.equal(group[1].prompt_ignore_length, torch.tensor([1, 2]))
+    assert torch.equal(penalty.prompt_ignore_length, torch.tensor([2, 0, 1]))  # the caller's processor is untouched
+    plain = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.3)])
+    assert processors_for_rows(plain, 1)[0] is plain[0]
 
 
 def test_could_pay_bounds_every_tree():

@@ -37,7 +37,7 @@ from ..tree import DraftTree
 from ..verifiers import Verifier
 from .components import TreeSpecGenerateOutput, auto_speed_model, check_drafter, on_path, resolve
 from .draft_source import WarpedDraftSource
-from .processors import process_tree_logits
+from .processors import process_tree_logits, processors_for_rows
 from .stopping import tokens_before_stop
 
 
@@ -50,6 +50,7 @@ class RowState:
     drafter: Drafter
     policy: TreePolicy
     verifier: Verifier
+    processors: LogitsProcessorList  # generate's processors with any per-row state narrowed to this row
     context: StepContext | None = None
     scores: list[torch.Tensor] = field(default_factory=list)
     logits: list[torch.Tensor] = field(default_factory=list)
@@ -95,20 +96,6 @@ def check_batch_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | N
     return mask
 
 
-def check_row_wise_processors(processors: LogitsProcessorList, batch: int) -> None:
-    """Refuses processors that hold state indexed by batch row: the loop calls processors on single rows and on
-    groups of rows, which such state does not follow. transformers gives the repetition penalty a per-row
-    ``prompt_ignore_length`` (the left padding) for a padded batch."""
-    for processor in processors:
-        state = getattr(processor, "prompt_ignore_length", None)
-        if isinstance(state, torch.Tensor) and batch > 1:
-            raise ValueError(
-                f"{type(processor).__name__} keeps per-row state for a padded batch (prompt_ignore_length), which "
-                "the batched tree loop does not follow yet; generate one prompt at a time with repetition_penalty, "
-                "or drop it for the batch."
-            )
-
-
 def batched_tree_decoding(
     model, input_ids, logits_processor: LogitsProcessorList, stopping_criteria: StoppingCriteriaList,
     generation_config: GenerationConfig, *, streamer, assistant_model, **model_kwargs,
@@ -116,7 +103,6 @@ def batched_tree_decoding(
     """The batched loop (called by ``tree_speculative_decoding`` for a batch or a padded prompt; same inputs and
     outputs, under its ``inference_mode``)."""
     prompt_mask = check_batch_inputs(input_ids, model_kwargs.get("attention_mask"), streamer)
-    check_row_wise_processors(logits_processor, input_ids.shape[0])
     batch, prompt_len = input_ids.shape
     device = input_ids.device
     first_drafter = check_drafter(model, assistant_model)
@@ -130,7 +116,8 @@ def batched_tree_decoding(
     for index in range(batch):
         drafter = first_drafter if index == 0 else fork_drafter(first_drafter, assistant_model, model)
         policy, verifier = resolve(generation_config, drafter)
-        rows.append(RowState(index, input_ids[index : index + 1], drafter, policy, verifier))
+        rows.append(RowState(index, input_ids[index : index + 1], drafter, policy, verifier,
+                             processors_for_rows(logits_processor, index)))
     pad_id = pad_token(generation_config)
 
     do_sample = generation_config.do_sample
@@ -190,7 +177,8 @@ def batched_tree_decoding(
             index = torch.tensor(group, device=device)
             ids = torch.cat([active[slot].ids for slot in group])
             raw = all_logits[index, 0]
-            processed = logits_processor(ids, raw.clone()) if len(logits_processor) else raw
+            processors = processors_for_rows(logits_processor, [active[slot].index for slot in group])
+            processed = processors(ids, raw.clone()) if len(processors) else raw
             if do_sample:
                 tokens = torch.tensor([active[s].verifier.target_choice(processed[i]) for i, s in enumerate(group)])
             else:
@@ -236,7 +224,7 @@ def batched_tree_decoding(
                 forwards.append(0)
                 row_seconds.append(0.0)
                 continue
-            source = WarpedDraftSource(row.drafter, logits_processor, row.ids)
+            source = WarpedDraftSource(row.drafter, row.processors, row.ids)
             r0 = clock.now()
             tree = row.policy.build(source, row.context.root_token, context=row.context)
             row_seconds.append(clock.now() - r0)
@@ -261,7 +249,7 @@ def batched_tree_decoding(
                 continue
             nodes = torch.arange(tree.num_nodes)
             raw = all_logits[slot, : tree.num_nodes]
-            processed = process_tree_logits(logits_processor, row.ids, tree, nodes, raw)
+            processed = process_tree_logits(row.processors, row.ids, tree, nodes, raw)
             if tree.num_nodes == 1:  # a draft-free row whose scores are kept: the target's own choice
                 accepted, next_token = root_only, row.verifier.target_choice(processed[0])
             else:

@@ -9,6 +9,7 @@ in `PREFIX_INDEPENDENT` is treated as prefix-dependent (safe by default); `regis
 
 from __future__ import annotations
 
+import copy
 from itertools import groupby
 
 import torch
@@ -28,6 +29,31 @@ PREFIX_INDEPENDENT: set[type] = {
     )
     if (cls := getattr(lp, name, None)) is not None
 }
+
+
+#: attributes in which transformers keeps processor state per batch row: the repetition penalty's
+#: ``prompt_ignore_length`` holds each row's left padding for a padded batch.
+ROW_STATE_ATTRIBUTES = ("prompt_ignore_length",)
+
+
+def processors_for_rows(processors: LogitsProcessorList, rows: int | list[int]) -> LogitsProcessorList:
+    """The processors as they apply to some rows of the batch, for a loop that calls them on single rows or groups
+    of rows. Per-row state is narrowed to those rows: one row's value becomes a plain int (so the processor accepts
+    any number of copies of that row, e.g. one per tree node), a group's an indexed tensor. Processors without such
+    state are shared, not copied."""
+    narrowed = []
+    for processor in processors:
+        state = {name: value for name in ROW_STATE_ATTRIBUTES
+                 if isinstance(value := getattr(processor, name, None), torch.Tensor)}
+        if state:
+            processor = copy.copy(processor)
+            for name, value in state.items():
+                if isinstance(rows, int):
+                    setattr(processor, name, int(value[rows]))
+                else:
+                    setattr(processor, name, value[torch.as_tensor(rows, device=value.device)])
+        narrowed.append(processor)
+    return LogitsProcessorList(narrowed)
 
 
 def register_prefix_independent(cls: type) -> type:
