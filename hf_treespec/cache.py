@@ -116,7 +116,14 @@ class TreeKV:
     ) -> tuple[torch.Tensor, ...]:
         """``input_ids``, ``position_ids`` ``[1, q]`` and the 4D float mask to feed pending tokens + ``nodes``, on
         ``device`` (default: the host), followed by the host tensors ``extra`` moved along in the same single copy.
-        Built on the host from the tree's bookkeeping; the float mask is made on the device from the copied bools."""
+        Built on the host (`host_inputs`); the float mask is made on the device from the copied bools."""
+        ids, positions, visible = self.host_inputs(tree, nodes)
+        ids, positions, visible, *extra = to_device(device or tree.device, ids[None], positions[None], visible, *extra)
+        return (ids, positions, float_mask(visible, dtype), *extra)
+
+    def host_inputs(self, tree: DraftTree, nodes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Host ``ids`` and ``positions`` ``[q]`` of the pending tokens + ``nodes``, and their bool visibility
+        ``[q, past + q]`` over the cache's rows (``past`` = committed + tree rows) followed by the new tokens."""
         host = tree.device
         nodes = nodes.to(host)
         num_pending, num_rows, num_new = int(self.pending.numel()), int(self._row_uids.numel()), int(nodes.numel())
@@ -136,9 +143,7 @@ class TreeKV:
         visible[num_pending:, c1 + num_rows :] = anc[:, nodes]
         root = self.root_position
         positions = torch.cat([torch.arange(root - num_pending, root), root + tree.depth[nodes]])
-        ids = torch.cat([self.pending, tree.tokens[nodes]])
-        ids, positions, visible, *extra = to_device(device or host, ids[None], positions[None], visible, *extra)
-        return (ids, positions, float_mask(visible, dtype), *extra)
+        return torch.cat([self.pending, tree.tokens[nodes]]), positions, visible
 
     def fed(self, tree: DraftTree, nodes: torch.Tensor) -> None:
         """Records that pending tokens and ``nodes`` were just appended to the cache."""

@@ -399,11 +399,13 @@ class SpeedModel:
     """
 
     def __init__(self, curve: CostCurve, acceptance: AcceptanceTable | None = None, draft_prior: float = 0.3,
-                 reprobe_every: int = REPROBE_EVERY, batch: int = 1):
+                 reprobe_every: int = REPROBE_EVERY, batch: int = 1, batched_drafting: bool = False):
         self.curve = curve
-        #: rows decoded together: a step verifies ``batch`` trees in one forward and drafts them one after another,
-        #: so it is priced at ``batch x nodes`` target rows and ``batch`` draft forwards per expansion
+        #: rows decoded together: a step verifies ``batch`` trees in one forward (priced at ``batch x nodes`` target
+        #: rows) and drafts them in rounds, one round per expansion: ONE forward for all rows when the drafter batches
+        #: them (``batched_drafting``), else one forward per row
         self.batch = batch
+        self.batched_drafting = batched_drafting
         self.acceptance = acceptance if acceptance is not None else AcceptanceTable()
         self._draft = EMA()
         self._draft_prior = draft_prior
@@ -418,8 +420,6 @@ class SpeedModel:
         self._probe_loss: float | None = None  # seconds the last probe lost against draft-free steps
         self._free_seconds = 0.0  # draft-free seconds since the last drafted step
         self.depth_acceptance = DepthAcceptance()
-        #: (k, l) a sampled policy chose for the step being verified (set by the policy, read by observe_step)
-        self.pending_shape: tuple[int, int] | None = None
 
     def target_seconds(self, rows: int, context: int) -> float:
         """Predicted seconds of a step verifying ``rows`` rows (root included) in each of the batch's trees."""
@@ -431,9 +431,12 @@ class SpeedModel:
         return self.curve.costs(max_rows * self.batch, context)[self.batch - 1 :: self.batch]
 
     def draft_seconds(self, context: int) -> float:
-        """Seconds per draft expansion of the whole batch (measured mean per forward, or the prior before any)."""
+        """Seconds per draft round (one expansion of every row of the batch): the measured mean, or before any the
+        prior, a fraction of a target step over the batch's rows (batched drafting) or of one row per row."""
         if self._draft.value is not None:
-            return self._draft.value * self.batch
+            return self._draft.value
+        if self.batched_drafting:
+            return self._draft_prior * self.curve(self.batch, context)
         return self._draft_prior * self.curve(1, context) * self.batch
 
     @property
@@ -491,21 +494,21 @@ class SpeedModel:
 
     def observe_step(self, *, tree_scores: torch.Tensor, on_path: torch.Tensor, rows: int, context: int,
                      draft_seconds: float, draft_forwards: int, verify_seconds: float, tokens: int,
-                     trees: int | None = None) -> None:
+                     trees: int | None = None, shape: tuple[int, int] | None = None) -> None:
         """One verified step: ``tree_scores``/``on_path`` of its draft nodes (root excluded), ``rows`` verified per
         tree (root included), measured draft / verify time, tokens committed. A step whose drafter ran counts as
         drafted even when the cost rule then kept no node: it paid for the drafter. A batch step is observed once,
         as a whole: every row's nodes concatenated, ``rows`` the packed tree width, ``trees`` the rows verified in
-        the forward (the batch when None), draft forwards / seconds and tokens summed over rows, so drafted and
-        draft-free steps are compared at the batch's own throughput."""
+        the forward (the batch when None), ``draft_forwards`` the draft rounds (one forward per round, or one per
+        row when the drafter does not batch rows), draft seconds and tokens summed over rows, so drafted and
+        draft-free steps are compared at the batch's own throughput. ``shape``: the (k, l) a sampled policy chose
+        for this step (`StepContext.shape`), whose per-depth acceptance the step measured."""
         probing = bool(draft_forwards) and self._probing(context)  # the mode this step ran in, before any update
         self.curve.observe(rows * (self.batch if trees is None else trees), context, verify_seconds)
         if draft_forwards:
             self._draft.add(draft_seconds / draft_forwards)
-        if self.pending_shape is not None:
-            k, depth = self.pending_shape
-            self.depth_acceptance.observe(k, depth, tokens - 1)
-            self.pending_shape = None
+        if shape is not None:
+            self.depth_acceptance.observe(*shape, tokens - 1)
         if rows > 1:
             self.acceptance.observe(tree_scores, on_path)
         total = draft_seconds + verify_seconds
@@ -535,7 +538,7 @@ class SpeedModel:
 
 
 def speed_model_for(model: torch.nn.Module, key: tuple, cache_dir: str | Path | None = None,
-                    batch: int = 1) -> SpeedModel:
+                    batch: int = 1, batched_drafting: bool = False) -> SpeedModel:
     """The `SpeedModel` of ``model`` for ``key`` (drafter, sampling settings ...), kept on the model instance so it
     keeps learning across ``generate`` calls; the cost curve is shared per (dtype, device, threads)."""
     store = model.__dict__.setdefault("_treespec_speed_models", {})
@@ -544,5 +547,5 @@ def speed_model_for(model: torch.nn.Module, key: tuple, cache_dir: str | Path | 
         store[curve_key] = load_or_calibrate(model, cache_dir)
     full_key = (curve_key, *key, batch)
     if full_key not in store:
-        store[full_key] = SpeedModel(store[curve_key], batch=batch)
+        store[full_key] = SpeedModel(store[curve_key], batch=batch, batched_drafting=batched_drafting)
     return store[full_key]

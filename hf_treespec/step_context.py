@@ -43,6 +43,8 @@ class StepContext:
         target_seconds: running mean of one target tree forward (same conditions).
         speed: the generation's `SpeedModel` (cost curve, drafter cost, calibrated acceptance) when the policy sizes
             its tree by measured cost (``tree_budget="auto"``); None otherwise.
+        shape: the (k, l) an auto-sized sampled policy chose for this step (set by the policy, read by the loop when
+            it observes the step, so the acceptance of that k is learned); None otherwise.
     """
 
     root_token: int
@@ -55,6 +57,7 @@ class StepContext:
     draft_seconds: float | None = None
     target_seconds: float | None = None
     speed: object | None = None
+    shape: tuple[int, int] | None = None
 
 
 def sampling_params(generation_config: GenerationConfig) -> tuple[float, float]:

@@ -104,9 +104,10 @@ def test_sampled_shape_by_cost(policy, bound):
         flat.depth_acceptance.observe(1, 4, 4)
     assert flat.depth_acceptance.alpha > 0.9
     source = PeakedSource()
-    tree = cls(tree_budget="auto", do_sample=True, **bound).build(source, 3, context=context_for(flat))
+    context = context_for(flat)
+    tree = cls(tree_budget="auto", do_sample=True, **bound).build(source, 3, context=context)
     assert tree.max_depth >= 5 and source.calls >= 5
-    assert flat.pending_shape is not None and flat.pending_shape[1] >= 5
+    assert context.shape is not None and context.shape[1] >= 5  # recorded for the loop's observation of the step
 
 
 def test_depth_acceptance_learns_alpha():

@@ -258,6 +258,8 @@ def test_could_pay_bounds_every_tree():
     assert TreeSizer(SpeedModel(flat, batch=2), 256).could_pay()
     # rows draft one after another: at batch 16 an expansion costs 16 draft forwards (4.8 one-row steps at the prior)
     assert not TreeSizer(SpeedModel(flat, batch=16), 256).could_pay()
+    # a drafter that batches rows drafts all 16 in one forward per expansion: a tree can pay again
+    assert TreeSizer(SpeedModel(flat, batch=16, batched_drafting=True), 256).could_pay()
     costly = SpeedModel(flat, batch=64)
     costly._draft.add(0.05)  # one draft forward per row costs a whole one-row step: 64 of them per expansion
     assert not TreeSizer(costly, 256).could_pay()

@@ -74,6 +74,16 @@ class Drafter(ABC):
         ``capabilities``, so a policy never builds and ranks ``[len(nodes), V]`` rows of -inf."""
         raise NotImplementedError(f"{type(self).__name__} does not declare the 'topk_logprobs' capability")
 
+    @classmethod
+    def expand_rows(cls, requests: list[tuple["Drafter", DraftTree, torch.Tensor]]) -> list[torch.Tensor]:
+        """``expand`` for several rows of a batch at once: ``requests`` holds one ``(drafter, tree, nodes)`` per row,
+        each drafter the per-sequence state of one row around the same model. Default: one ``expand`` per row;
+        adapters that can join the rows into one batched forward override it and set `batches_rows`."""
+        return [drafter.expand(tree, nodes) for drafter, tree, nodes in requests]
+
+    #: whether `expand_rows` runs all rows in one forward (a batch's draft round then costs about one forward)
+    batches_rows: bool = False
+
     @abstractmethod
     def commit(self, tree: DraftTree, accepted: torch.Tensor, features: TargetFeatures | None = None) -> None:
         """The target accepted path ``accepted`` (node indices, root first); drop every other tree row."""

@@ -8,6 +8,7 @@ from transformers import DynamicCache, PreTrainedModel
 from ..attention import check_tree_attention
 from ..cache import TreeKV
 from ..compat import CACHE_KWARG
+from ..stacked_kv import RowRequest, stack_rows, unstack_new_rows
 from ..tree import DraftTree
 from .base import DRAFTER_ADAPTERS, Drafter, TargetFeatures
 
@@ -53,6 +54,27 @@ class CausalLMDrafter(Drafter):
         )
         self.kv.fed(tree, nodes)
         return out.logits[0, -num_nodes:].float()
+
+    batches_rows = True
+
+    @classmethod
+    @torch.no_grad()
+    def expand_rows(cls, requests: list[tuple["CausalLMDrafter", DraftTree, torch.Tensor]]) -> list[torch.Tensor]:
+        """Every row's nodes in ONE forward over the rows' stacked caches (`hf_treespec.stacked_kv`)."""
+        if len(requests) == 1:
+            drafter, tree, nodes = requests[0]
+            return [drafter.expand(tree, nodes)]
+        model = requests[0][0].model
+        stacked = stack_rows([RowRequest(d.kv, *d.kv.host_inputs(tree, nodes)) for d, tree, nodes in requests],
+                             model.dtype, model.device)
+        counts = [int(nodes.numel()) for _, _, nodes in requests]
+        out = model(input_ids=stacked.ids, position_ids=stacked.positions, attention_mask=stacked.mask,
+                    **{CACHE_KWARG: stacked.cache}, use_cache=True, logits_to_keep=max(counts))
+        unstack_new_rows(stacked, [d.kv.cache for d, _, _ in requests])
+        logits = out.logits.float()
+        for drafter, tree, nodes in requests:
+            drafter.kv.fed(tree, nodes)
+        return [logits[row, logits.shape[1] - count :] for row, count in enumerate(counts)]
 
     def commit(self, tree, accepted, features=None) -> None:
         self.kv.commit(tree, accepted)

@@ -19,8 +19,9 @@ import torch
 from transformers import DynamicCache
 
 from ..attention import check_tree_attention
-from ..cache import TreeKV
+from ..cache import TreeKV, to_device
 from ..tree import DraftTree
+from ..stacked_kv import RowRequest, stack_rows, unstack_new_rows
 from .base import DRAFTER_ADAPTERS, Drafter, TargetFeatures
 from .feature import TreeSpecDrafterModel
 
@@ -145,6 +146,60 @@ class FeatureDrafter(Drafter):
         kv = self._started()
         nodes = nodes.cpu()
         num_pending, num_nodes = int(kv.pending.numel()), int(nodes.numel())
+        # one host-to-device copy for the forward's inputs and the feature-table indices
+        ids, positions, mask, *indices = kv.inputs_for(
+            tree, nodes, self._dtype, device=self._device, extra=self._node_indices(tree, nodes))
+        out = self.model(
+            input_ids=ids,
+            features=self._input_features(*indices[:2])[None],
+            position_ids=positions,
+            attention_mask=mask,
+            cache=kv.cache,
+            use_cache=True,
+            logits_to_keep=num_nodes,
+        )
+        self._fed(tree, nodes, indices[2], out.hidden_states[0, num_pending:])
+        return self.model.target_logits(out.logits[0].float())
+
+    batches_rows = True
+
+    @classmethod
+    @torch.no_grad()
+    def expand_rows(cls, requests: list[tuple["FeatureDrafter", DraftTree, torch.Tensor]]) -> list[torch.Tensor]:
+        """Every row's nodes in ONE forward over the rows' stacked caches (`hf_treespec.stacked_kv`); each row's
+        input features (its pending chain's target features, its nodes' parents' outputs) are its own."""
+        if len(requests) == 1:
+            drafter, tree, nodes = requests[0]
+            return [drafter.expand(tree, nodes)]
+        first = requests[0][0]
+        rows, features, node_uids = [], [], []
+        for drafter, tree, nodes in requests:
+            nodes = nodes.cpu()
+            drafter._started()
+            is_root, parent_uids, uids = to_device(first._device, *drafter._node_indices(tree, nodes))
+            rows.append(RowRequest(drafter.kv, *drafter.kv.host_inputs(tree, nodes)))
+            features.append(drafter._input_features(is_root, parent_uids))
+            node_uids.append(uids)
+        stacked = stack_rows(rows, first._dtype, first._device)
+        width = stacked.width
+        joined = features[0].new_zeros(len(rows), width, features[0].shape[-1])
+        for row, row_features in enumerate(features):
+            joined[row, width - row_features.shape[0] :] = row_features
+        counts = [int(nodes.numel()) for _, _, nodes in requests]
+        out = first.model(input_ids=stacked.ids, features=joined, position_ids=stacked.positions,
+                          attention_mask=stacked.mask, cache=stacked.cache, use_cache=True,
+                          logits_to_keep=max(counts))
+        unstack_new_rows(stacked, [drafter.kv.cache for drafter, _, _ in requests])
+        logits = out.logits.float()
+        results = []
+        for row, ((drafter, tree, nodes), count) in enumerate(zip(requests, counts)):
+            drafter._fed(tree, nodes.cpu(), node_uids[row], out.hidden_states[row, width - count :])
+            results.append(drafter.model.target_logits(logits[row, logits.shape[1] - count :]))
+        return results
+
+    def _node_indices(self, tree: DraftTree, nodes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Host ``(is_root, parent uids, node uids)`` of ``nodes``, after checking that every parent was expanded
+        (its output feature is the node's input) and marking the nodes as expanded."""
         parents = tree.parents[nodes]
         is_root = parents < 0
         parent_uids = tree.uids[parents.clamp(min=0)]
@@ -154,26 +209,21 @@ class FeatureDrafter(Drafter):
             raise RuntimeError("expand: every node's parent must have been expanded earlier (its output feature is "
                                "the node's input).")
         self._node_known[node_uids] = True
-        # one host-to-device copy for the forward's inputs and the feature-table indices
-        ids, positions, mask, is_root, parent_uids, node_uids = kv.inputs_for(
-            tree, nodes, self._dtype, device=self._device, extra=(is_root, parent_uids, node_uids))
+        return is_root, parent_uids, node_uids
+
+    def _input_features(self, is_root: torch.Tensor, parent_uids: torch.Tensor) -> torch.Tensor:
+        """``[pending + nodes, hidden]`` input features on the device: the pending chain's projected target
+        features, then each node's parent output (the root's: its target feature)."""
         node_features = torch.where(is_root[:, None], self._root_input(), self._node_features[parent_uids])
-        if num_pending:
-            pending_raw = torch.cat(self._pending_raw)
-            node_features = torch.cat([self.model.project_features(pending_raw), node_features])
-        out = self.model(
-            input_ids=ids,
-            features=node_features[None],
-            position_ids=positions,
-            attention_mask=mask,
-            cache=kv.cache,
-            use_cache=True,
-            logits_to_keep=num_nodes,
-        )
-        kv.fed(tree, nodes)
+        if not self.kv.pending.numel():
+            return node_features
+        return torch.cat([self.model.project_features(torch.cat(self._pending_raw)), node_features])
+
+    def _fed(self, tree: DraftTree, nodes: torch.Tensor, node_uids: torch.Tensor, outputs: torch.Tensor) -> None:
+        """Records the forward that fed the pending chain and ``nodes`` (their output features ``outputs``)."""
+        self.kv.fed(tree, nodes)
         self._pending_raw = []
-        self._node_features[node_uids] = out.hidden_states[0, num_pending:]
-        return self.model.target_logits(out.logits[0].float())
+        self._node_features[node_uids] = outputs
 
     @torch.no_grad()
     def commit(self, tree: DraftTree, accepted: torch.Tensor, features: TargetFeatures | None = None) -> None:

@@ -6,10 +6,12 @@ forward, each row's verifier rule picks its accepted path, and `RaggedKV` moves 
 its committed ones. Finished rows (EOS, stop strings, ``max_new_tokens``) leave the batch at once; their output is
 padded with ``pad_token_id`` exactly as plain ``generate`` pads it.
 
-Python loops over rows remain where a per-row rule is the contract: policies grow data-dependent trees from their
-own drafter state (``TreePolicy.build`` takes one root), verifiers walk one tree each (their acceptance rules are
-sequential per tree), and stopping criteria are callables over a ``[batch, length]`` tensor whose rows here have
-different lengths. The target forward, the dominant cost, and the KV moves are batched. Draft-free rows (every row,
+Drafting is batched too: every row's policy grows its own data-dependent tree (``TreePolicy.build`` takes one root),
+and the rows' draft forwards are joined into one forward per round (`lockstep.build_in_lockstep`,
+`Drafter.expand_rows`). Python loops over rows remain where a per-row rule is the contract: the policies' own
+bookkeeping, verifiers (each walks one tree; their acceptance rules are sequential per tree), and stopping criteria
+(callables over a ``[batch, length]`` tensor whose rows here have different lengths). The target forward, the
+dominant cost, the draft forwards and the KV moves are batched. Draft-free rows (every row,
 when ``tree_budget="auto"`` finds that no tree could pay at this batch) are handled as plain batched ``generate``
 handles its batch: rows of equal length share one logits-processor call and one stopping-criteria call, and no
 row's policy runs.
@@ -20,6 +22,7 @@ from __future__ import annotations
 import copy
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
@@ -37,6 +40,7 @@ from ..tree import DraftTree
 from ..verifiers import Verifier
 from .components import TreeSpecGenerateOutput, auto_speed_model, check_drafter, on_path, resolve
 from .draft_source import WarpedDraftSource
+from .lockstep import LockstepDraftSource, build_in_lockstep
 from .processors import process_tree_logits, processors_for_rows
 from .stopping import tokens_before_stop
 
@@ -56,8 +60,6 @@ class RowState:
     logits: list[torch.Tensor] = field(default_factory=list)
     accepted_lengths: list[int] = field(default_factory=list)
     tree_sizes: list[int] = field(default_factory=list)
-    draft_forwards: int = 0
-    shape: tuple[int, int] | None = None  # the sampled shape an auto-sized policy chose for the step being verified
 
 
 def fork_drafter(drafter: Drafter, assistant, target) -> Drafter:
@@ -206,33 +208,20 @@ def batched_tree_decoding(
         row.drafter.start(row.ids[0, real], features(joined, slot, real))
         finished[slot] = emit(row, first[slot : slot + 1], processed[slot : slot + 1], logits[slot : slot + 1])[0]
         row.context = step_context(states, slot, -1, processed[slot], row)
-    draft_seconds, verify_seconds = clock.now() - t0, 0.0
+    draft_seconds, verify_seconds, draft_rounds = clock.now() - t0, 0.0, 0
     kv.retire(~finished)
     active = [row for row, done in zip(rows, finished.tolist()) if not done]
     root_only = torch.zeros(1, dtype=torch.long)
 
     while active:
         t0 = clock.now()
-        trees: list[DraftTree] = []
-        forwards: list[int] = []  # draft forwards per row this step
-        row_seconds = []
         # one check for the batch: when no tree could pay at any row's context, no row's policy runs
-        drafts = speed is None or TreeSizer(speed, int(kv.positions().min())).could_pay()
-        for row in active:
-            if not drafts:
-                trees.append(DraftTree.root(row.context.root_token))
-                forwards.append(0)
-                row_seconds.append(0.0)
-                continue
-            source = WarpedDraftSource(row.drafter, row.processors, row.ids)
-            r0 = clock.now()
-            tree = row.policy.build(source, row.context.root_token, context=row.context)
-            row_seconds.append(clock.now() - r0)
-            if speed is not None:
-                row.shape, speed.pending_shape = speed.pending_shape, None
-            trees.append(tree)
-            forwards.append(source.num_forwards)
+        if speed is None or TreeSizer(speed, int(kv.positions().min())).could_pay():
+            trees, rounds = draft_trees(active)
+        else:
+            trees, rounds = [DraftTree.root(row.context.root_token) for row in active], 0
         t1 = clock.now()
+        draft_rounds += rounds
         ids, pos, mask4d = kv.tree_inputs(trees, mask_dtype)
         with capture() as states:
             out = model(input_ids=ids.to(device), position_ids=pos.to(device), attention_mask=mask4d.to(device),
@@ -261,16 +250,15 @@ def batched_tree_decoding(
         t2 = clock.now()
         draft_seconds += t1 - t0
         verify_seconds += t2 - t1
+        if "latencies" in needs and rounds:
+            draft_mean.add(t1 - t0, rounds)
         if speed is not None:
-            observe_batch_step(speed, active, trees, verdicts, forwards, width=int(ids.shape[1]),
+            observe_batch_step(speed, active, trees, verdicts, rounds, width=int(ids.shape[1]),
                                context=int(kv.positions().float().mean()), draft_seconds=t1 - t0,
                                verify_seconds=t2 - t1)
         joined = drafter_features(states)
         done = torch.zeros(len(active), dtype=torch.bool)
         for slot, (row, tree, accepted) in enumerate(zip(active, trees, verdicts)):
-            if "latencies" in needs:
-                draft_mean.add(row_seconds[slot], forwards[slot])
-            row.draft_forwards += forwards[slot]
             row.tree_sizes.append(tree.num_nodes - 1)
             row.drafter.commit(tree, accepted, features(joined, slot, accepted.to(device)))
             next_token, stopped, raw, processed = outcome[slot]
@@ -304,7 +292,7 @@ def batched_tree_decoding(
         **{CACHE_KWARG: cache},
         accepted_lengths=[n for row in rows for n in row.accepted_lengths],
         tree_sizes=[n for row in rows for n in row.tree_sizes],
-        draft_forwards=sum(row.draft_forwards for row in rows),
+        draft_forwards=draft_rounds,
         draft_seconds=draft_seconds,
         verify_seconds=verify_seconds,
         total_seconds=clock.now() - t_start,
@@ -314,21 +302,32 @@ def batched_tree_decoding(
     )
 
 
+def draft_trees(active: list[RowState]) -> tuple[list[DraftTree], int]:
+    """Every active row's tree from its own policy, the rows' draft forwards batched into rounds
+    (`build_in_lockstep`); returns the trees and the rounds run (drafter forwards)."""
+    if len(active) == 1:  # nothing to batch with: the row's policy runs directly, no thread
+        row = active[0]
+        source = WarpedDraftSource(row.drafter, row.processors, row.ids)
+        tree = row.policy.build(source, row.context.root_token, context=row.context)
+        return [tree], source.num_forwards
+    sources = [LockstepDraftSource(row.drafter, row.processors, row.ids) for row in active]
+    builds = [partial(row.policy.build, root_token=row.context.root_token, context=row.context) for row in active]
+    return build_in_lockstep(builds, sources)
+
+
 def observe_batch_step(speed, active: list[RowState], trees: list[DraftTree], accepted: list[torch.Tensor],
-                       forwards: list[int], *, width: int, context: int, draft_seconds: float,
-                       verify_seconds: float) -> None:
-    """The auto-sizing speed model sees the batch step as one step (every row's tree, the batch's tokens): so its
-    drafted-vs-draft-free decision and its re-probing count batch steps, whatever the batch size. The sampled shape
-    each row's policy chose is scored on that row's own acceptance."""
+                       rounds: int, *, width: int, context: int, draft_seconds: float, verify_seconds: float) -> None:
+    """The auto-sizing speed model sees the batch step as one step (every row's tree, the batch's tokens, its draft
+    rounds): so its drafted-vs-draft-free decision and its re-probing count batch steps, whatever the batch size. The
+    sampled shape each row's policy chose is scored on that row's own acceptance."""
     for row, path in zip(active, accepted):
-        if row.shape is not None:
-            speed.depth_acceptance.observe(*row.shape, int(path.numel()) - 1)
-            row.shape = None
+        if row.context.shape is not None:
+            speed.depth_acceptance.observe(*row.context.shape, int(path.numel()) - 1)
     speed.observe_step(
         tree_scores=torch.cat([tree.scores[1:] for tree in trees]),
         on_path=torch.cat([on_path(tree, path) for tree, path in zip(trees, accepted)]),
         rows=width, context=context, draft_seconds=draft_seconds,
-        draft_forwards=sum(forwards), verify_seconds=verify_seconds,
+        draft_forwards=rounds, verify_seconds=verify_seconds,
         tokens=sum(int(path.numel()) for path in accepted), trees=len(trees),
     )
 

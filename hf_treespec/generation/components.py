@@ -25,6 +25,7 @@ class TreeSpecGenerateOutput(GenerateDecoderOnlyOutput):
         accepted_lengths: tokens committed per target forward after the prefill (accepted drafts + 1, fewer when a
             stopping criterion cut the chunk), so their mean is tau.
         tree_sizes: draft nodes verified per step.
+        draft_forwards: drafter forwards run (for a batch, one forward drafts every row in a round).
         draft_seconds / verify_seconds / total_seconds: wall-clock split (verify = target forward + verification).
         drafted_steps: steps that verified at least one draft node; the others ran the target alone (one token, a
             plain ``generate`` step), which ``tree_budget="auto"`` chooses where no tree pays on this hardware.
@@ -101,7 +102,8 @@ def auto_speed_model(model, drafter: Drafter, policy: TreePolicy, generation_con
                      batch: int = 1):
     """The `SpeedModel` an auto-sized policy decides with (None otherwise): kept on the target per (drafter,
     sampling settings, batch size), its cost curve calibrated at first use and cached on disk
-    (`hf_treespec.latency`); a batch prices each step by its total rows (batch x nodes)."""
+    (`hf_treespec.latency`); a batch prices each step by its total rows (batch x nodes), and a draft round at one
+    forward for all rows when the drafter batches them (`Drafter.batches_rows`), else one per row."""
     if not policy.auto_sized:
         return None
     from ..latency import speed_model_for
@@ -109,7 +111,7 @@ def auto_speed_model(model, drafter: Drafter, policy: TreePolicy, generation_con
     assistant = getattr(drafter, "model", drafter)
     key = (id(assistant), getattr(assistant, "name_or_path", ""), type(drafter).__name__,
            *sampling_params(generation_config))
-    return speed_model_for(model, key, batch=batch)
+    return speed_model_for(model, key, batch=batch, batched_drafting=drafter.batches_rows)
 
 
 def on_path(tree: DraftTree, accepted: torch.Tensor) -> torch.Tensor:

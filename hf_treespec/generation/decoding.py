@@ -212,7 +212,7 @@ def tree_speculative_decoding(
             speed.observe_step(
                 tree_scores=tree.scores[1:], on_path=on_path(tree, accepted), rows=tree.num_nodes,
                 context=input_ids.shape[1], draft_seconds=t1 - t0, draft_forwards=source.num_forwards,
-                verify_seconds=t2 - t1, tokens=int(accepted.numel()),
+                verify_seconds=t2 - t1, tokens=int(accepted.numel()), shape=context.shape,
             )
         drafter.commit(tree, accepted, drafter_features(states, slice(None) if draft_free else accepted))
         finished, count = emit(new_tokens, processed, raw)

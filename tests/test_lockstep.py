@@ -1,0 +1,125 @@
+"""Batched drafting across the rows of a batch: `Drafter.expand_rows` (one forward over rows with their own caches)
+must give every row the logits its own forward gives, and `build_in_lockstep` must join the rows' draft forwards
+into rounds, keep seeded runs reproducible and hand a row's error to the caller without leaving threads behind."""
+
+import threading
+
+import pytest
+import torch
+from transformers import LogitsProcessorList
+
+from hf_treespec.drafters import TargetFeatures, TreeSpecDrafterConfig, TreeSpecDrafterModel, as_drafter
+from hf_treespec.generation.lockstep import LockstepDraftSource, build_in_lockstep
+from hf_treespec.tree import DraftTree
+
+from test_batched_generate import PAD, left_padded
+
+PREFIXES = [[3, 17, 42, 8, 8, 21, 5], [5, 9, 33], [11, 40, 7, 7, 19]]
+
+
+def feature_model(target) -> TreeSpecDrafterModel:
+    torch.manual_seed(0)
+    model = TreeSpecDrafterModel(TreeSpecDrafterConfig.for_target(target.config)).eval()
+    model.tie_to_target(target)
+    return model
+
+
+def started(model, target, prefixes):
+    """One drafter per row, started on its prefix (random target features for a feature drafter)."""
+    rows = []
+    for i, prefix in enumerate(prefixes):
+        drafter = as_drafter(model, target=target)
+        size = getattr(model.config, "feature_size", None)
+        features = TargetFeatures(torch.randn(len(prefix), size, generator=torch.Generator().manual_seed(i))) \
+            if size else None
+        drafter.start(torch.tensor(prefix), features)
+        rows.append(drafter)
+    return rows
+
+
+def children(tree: DraftTree, nodes: torch.Tensor, logits: torch.Tensor, k: int) -> DraftTree:
+    values, tokens = torch.log_softmax(logits, -1).topk(k, dim=-1)
+    return tree.add_children(nodes[:, None].expand(-1, k).reshape(-1), tokens.reshape(-1), values.reshape(-1))
+
+
+@pytest.mark.parametrize("kind", ["causal_lm", "feature"])
+def test_expand_rows_equals_one_forward_per_row(target, drafters, kind):
+    """Rows of different lengths, different numbers of nodes per round, two steps with commits in between (the
+    feature drafter then re-feeds its accepted chain as pending tokens): every row's logits equal its own forward's."""
+    model = feature_model(target) if kind == "feature" else drafters["random"]
+    alone, batched = started(model, target, PREFIXES), started(model, target, PREFIXES)
+    trees = [DraftTree.root(prefix[-1]) for prefix in PREFIXES]
+    for step in range(2):
+        frontier = [torch.zeros(1, dtype=torch.long)] * len(trees)
+        for round_ in range(3):
+            expected = [d.expand(tree, nodes) for d, tree, nodes in zip(alone, trees, frontier)]
+            got = type(batched[0]).expand_rows(list(zip(batched, trees, frontier)))
+            for row, (want, have) in enumerate(zip(expected, got)):
+                torch.testing.assert_close(have, want, atol=1e-5, rtol=1e-5, msg=f"step {step} round {round_} row {row}")
+            new_trees = []
+            for row, (tree, nodes, logits) in enumerate(zip(trees, frontier, expected)):
+                grown = children(tree, nodes, logits, k=1 + (row + round_) % 3)
+                frontier[row] = torch.arange(tree.num_nodes, grown.num_nodes)
+                new_trees.append(grown)
+            trees = new_trees
+        for row, tree in enumerate(trees):  # accept the root and the first path of row-dependent length
+            path = [0]
+            while len(path) <= row and bool((tree.parents == path[-1]).any()):
+                path.append(int((tree.parents == path[-1]).nonzero()[0]))
+            accepted = torch.tensor(path)
+            size = getattr(model.config, "feature_size", None)
+            features = TargetFeatures(torch.randn(len(path), size)) if size else None
+            alone[row].commit(tree, accepted, features)
+            batched[row].commit(tree, accepted, features)
+            trees[row] = DraftTree.root(int(tree.tokens[path[-1]]))
+
+
+def test_draft_forwards_are_joined_into_rounds(target, drafters):
+    """A batch of 3 drafting depth-4 chains runs at most 4 drafter forwards per step, not one per row."""
+    calls = []
+    handle = drafters["perturbed"].register_forward_hook(lambda *args: calls.append(1))
+    try:
+        ids, mask = left_padded()
+        out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=16, pad_token_id=PAD,
+                              assistant_model=drafters["perturbed"], tree_policy="chain", tree_depth=4,
+                              return_dict_in_generate=True)
+    finally:
+        handle.remove()
+    steps = max(len(lengths) for lengths in out.row_accepted_lengths)
+    per_row = sum(len(lengths) for lengths in out.row_accepted_lengths)
+    assert len(calls) == out.draft_forwards <= 4 * steps < 4 * per_row
+
+
+def test_seeded_sampled_batch_reproduces(target, drafters):
+    ids, mask = left_padded()
+    kwargs = dict(attention_mask=mask, do_sample=True, max_new_tokens=16, pad_token_id=PAD, temperature=1.0,
+                  assistant_model=drafters["perturbed"], tree_policy="dyspec", verifier="swor", tree_budget=8)
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(11)
+        runs.append(target.generate(ids, **kwargs))
+    assert torch.equal(runs[0], runs[1])
+
+
+def test_a_rows_error_reaches_the_caller_and_no_thread_is_left(target, drafters):
+    def sources():
+        rows = started(drafters["random"], target, PREFIXES)
+        return [LockstepDraftSource(row, LogitsProcessorList(), torch.tensor([p])) for row, p in zip(rows, PREFIXES)]
+
+    def good(source):
+        tree = DraftTree.root(1)
+        for _ in range(3):
+            source.logprobs(tree, torch.zeros(1, dtype=torch.long))
+        return tree
+
+    def bad(source):
+        source.logprobs(DraftTree.root(1), torch.zeros(1, dtype=torch.long))
+        raise ValueError("policy failed on purpose")
+
+    before = threading.active_count()
+    with pytest.raises(ValueError, match="on purpose"):
+        build_in_lockstep([good, bad, good], sources())
+    assert threading.active_count() == before
+    trees, rounds = build_in_lockstep([good, lambda source: DraftTree.root(2), good], sources())
+    assert rounds == 3 and [int(t.tokens[0]) for t in trees] == [1, 2, 1]
+    assert threading.active_count() == before
