@@ -161,7 +161,7 @@ def model_key(model: torch.nn.Module, threads: int | None = None) -> dict:
 
 
 def cache_path(key: dict, cache_dir: str | Path | None = None) -> Path:
-    from .assets import default_cache_dir
+    from .paths import default_cache_dir
 
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
     return Path(cache_dir or default_cache_dir()) / "latency" / f"{digest}.json"
@@ -494,21 +494,18 @@ class SpeedModel:
 
     def observe_step(self, *, tree_scores: torch.Tensor, on_path: torch.Tensor, rows: int, context: int,
                      draft_seconds: float, draft_forwards: int, verify_seconds: float, tokens: int,
-                     trees: int | None = None, shape: tuple[int, int] | None = None) -> None:
+                     trees: int | None = None) -> None:
         """One verified step: ``tree_scores``/``on_path`` of its draft nodes (root excluded), ``rows`` verified per
         tree (root included), measured draft / verify time, tokens committed. A step whose drafter ran counts as
         drafted even when the cost rule then kept no node: it paid for the drafter. A batch step is observed once,
         as a whole: every row's nodes concatenated, ``rows`` the packed tree width, ``trees`` the rows verified in
         the forward (the batch when None), ``draft_forwards`` the draft rounds (one forward per round, or one per
         row when the drafter does not batch rows), draft seconds and tokens summed over rows, so drafted and
-        draft-free steps are compared at the batch's own throughput. ``shape``: the (k, l) a sampled policy chose
-        for this step (`StepContext.shape`), whose per-depth acceptance the step measured."""
+        draft-free steps are compared at the batch's own throughput."""
         probing = bool(draft_forwards) and self._probing(context)  # the mode this step ran in, before any update
         self.curve.observe(rows * (self.batch if trees is None else trees), context, verify_seconds)
         if draft_forwards:
             self._draft.add(draft_seconds / draft_forwards)
-        if shape is not None:
-            self.depth_acceptance.observe(*shape, tokens - 1)
         if rows > 1:
             self.acceptance.observe(tree_scores, on_path)
         total = draft_seconds + verify_seconds

@@ -24,6 +24,11 @@ class Registry(Generic[T]):
 
         return decorator
 
+    def unregister(self, name: str) -> None:
+        """Removes ``name`` (a plugin or a test that registered a temporary entry)."""
+        self.get(name)  # the usual error for an unknown name
+        del self._entries[name]
+
     def get(self, name: str) -> type[T]:
         try:
             return self._entries[name]

@@ -1,4 +1,6 @@
-"""`StepContext`: what the decoding loop knows at a step's root, handed to every policy's ``build``.
+"""`StepContext`: what the decoding loop knows at a step's root, handed to every policy's ``build``; `StepOutcome`:
+what a verified step gave back, handed to the policy's ``observe``; `DecodingSetup`: what a generate call decodes
+with, handed to the policy's ``setup`` once.
 
 It lives beside `DraftTree` (not inside ``policies/`` or ``generation/``) because both sides use it: the loop in
 ``generation/`` fills one per step, policies read from it, and neither has to import the other's internals.
@@ -12,9 +14,15 @@ lists them in ``TreePolicy.context_needs`` (see `CONTEXT_NEEDS`); there is no gl
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import GenerationConfig
+
+from .tree import DraftTree
+
+if TYPE_CHECKING:
+    from .drafters.base import Drafter
 
 #: optional facts a policy may ask the loop to gather (``TreePolicy.context_needs``):
 #: ``"target_hidden"``: capture the target's pre-norm last hidden state (a forward hook on the last layer);
@@ -41,10 +49,8 @@ class StepContext:
         draft_seconds: running mean of one draft forward measured so far in this generation (None before any, and
             None unless the policy's ``context_needs`` has ``"latencies"`` or the caller asked for timings).
         target_seconds: running mean of one target tree forward (same conditions).
-        speed: the generation's `SpeedModel` (cost curve, drafter cost, calibrated acceptance) when the policy sizes
-            its tree by measured cost (``tree_budget="auto"``); None otherwise.
-        shape: the (k, l) an auto-sized sampled policy chose for this step (set by the policy, read by the loop when
-            it observes the step, so the acceptance of that k is learned); None otherwise.
+        shape: the (k, l) an auto-sized sampled policy chose for this step (set by the policy while building, read
+            back by its ``observe``, so the acceptance of that k is learned); None otherwise.
     """
 
     root_token: int
@@ -56,8 +62,56 @@ class StepContext:
     target_hidden: torch.Tensor | None = None
     draft_seconds: float | None = None
     target_seconds: float | None = None
-    speed: object | None = None
     shape: tuple[int, int] | None = None
+
+
+@dataclass
+class StepOutcome:
+    """One verified step, reported to the policy (``TreePolicy.observe``), as transformers' candidate generators hear
+    back through ``update_candidate_strategy``. A batch step is one outcome covering every row.
+
+    Attributes:
+        trees: the verified trees, one per row (a single sequence: one).
+        accepted: each tree's accepted path (node indices, root first).
+        contexts: the `StepContext` each tree was built from.
+        width: rows per tree in the verification forward (the packed width; root included).
+        context_length: committed tokens (a batch: the mean over rows).
+        draft_seconds / verify_seconds: measured time of the step's drafting and of its target forward plus
+            verification (0 when the loop was not timing).
+        draft_rounds: drafter forwards run (a batch drafts every row in one forward per round).
+    """
+
+    trees: list[DraftTree]
+    accepted: list[torch.Tensor]
+    contexts: list[StepContext]
+    width: int
+    context_length: int
+    draft_seconds: float
+    verify_seconds: float
+    draft_rounds: int
+
+    @property
+    def tokens(self) -> int:
+        """Tokens the step committed over all rows (accepted drafts + one target token per row)."""
+        return sum(int(path.numel()) for path in self.accepted)
+
+
+@dataclass
+class DecodingSetup:
+    """What one generate call decodes with, handed to the policy once before its first step (``TreePolicy.setup``).
+
+    Attributes:
+        target: the target model (state a policy learns across calls may live on it, per drafter and settings).
+        drafter: the drafter adapter of the first row.
+        temperature / top_p: as in `sampling_params`.
+        batch: rows decoded together.
+    """
+
+    target: torch.nn.Module
+    drafter: "Drafter"
+    temperature: float = 0.0
+    top_p: float = 1.0
+    batch: int = 1
 
 
 def sampling_params(generation_config: GenerationConfig) -> tuple[float, float]:

@@ -271,6 +271,13 @@ def _parent_levels(parents: torch.Tensor, start: int) -> list[slice]:
     return [r for r in runs if r.stop > r.start]
 
 
+def on_path(tree: DraftTree, accepted: torch.Tensor) -> torch.Tensor:
+    """Bool ``[num_nodes - 1]``: whether each draft node (root excluded) is on the accepted path."""
+    mask = torch.zeros(tree.num_nodes, dtype=torch.bool, device=tree.device)
+    mask[accepted] = True
+    return mask[1:]
+
+
 def top_by_score(tree: DraftTree, count: int) -> DraftTree:
     """Keeps the root and the ``count`` best-scoring other nodes. Ties go to lower indices, so parents (score >=
     child's, index < child's) always outrank their children and the result is closed under parents."""

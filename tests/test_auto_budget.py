@@ -55,7 +55,14 @@ FLAT = curve(lambda n: 0.05 + 0.0001 * n)  # a GPU: 100 rows for the price of on
 
 
 def context_for(speed: SpeedModel) -> StepContext:
-    return StepContext(target_probs=None, root_token=3, context_length=256, temperature=0.0, top_p=1.0, speed=speed)
+    return StepContext(target_probs=None, root_token=3, context_length=256, temperature=0.0, top_p=1.0)
+
+
+def auto_policy(cls, speed: SpeedModel, **kwargs):
+    """An auto-sized policy driven by hand: its speed model set as `TreePolicy.setup` would."""
+    policy = cls(tree_budget="auto", **kwargs)
+    policy.speed = speed
+    return policy
 
 
 @pytest.mark.parametrize("policy", ["salf", "optimal", "eagle2"])
@@ -63,11 +70,11 @@ def test_steep_curve_drafts_nothing_flat_curve_grows_large_trees(policy):
     cls = POLICIES.get(policy)
     steep = SpeedModel(STEEP, draft_prior=0.02 / 0.05)
     source = PeakedSource()
-    tree = cls(tree_budget="auto").build(source, 3, context=context_for(steep))
+    tree = auto_policy(cls, steep).build(source, 3, context=context_for(steep))
     assert tree.num_nodes == 1 and source.calls == 0  # the drafter never ran
 
     flat = SpeedModel(FLAT, draft_prior=0.001 / 0.05)
-    tree = cls(tree_budget="auto").build(PeakedSource(), 3, context=context_for(flat))
+    tree = auto_policy(cls, flat).build(PeakedSource(), 3, context=context_for(flat))
     assert tree.num_nodes - 1 >= 20
 
 
@@ -97,7 +104,7 @@ def test_sampled_shape_by_cost(policy, bound):
     cls = POLICIES.get(policy)
     steep = SpeedModel(STEEP, draft_prior=0.02 / 0.05)
     source = PeakedSource()
-    tree = cls(tree_budget="auto", do_sample=True, **bound).build(source, 3, context=context_for(steep))
+    tree = auto_policy(cls, steep, do_sample=True, **bound).build(source, 3, context=context_for(steep))
     assert tree.num_nodes == 1 and source.calls == 0
     flat = SpeedModel(FLAT, draft_prior=0.001 / 0.05)
     for _ in range(50):  # a drafter whose chains are accepted 4 deep out of 4
@@ -105,7 +112,7 @@ def test_sampled_shape_by_cost(policy, bound):
     assert flat.depth_acceptance.alpha > 0.9
     source = PeakedSource()
     context = context_for(flat)
-    tree = cls(tree_budget="auto", do_sample=True, **bound).build(source, 3, context=context)
+    tree = auto_policy(cls, flat, do_sample=True, **bound).build(source, 3, context=context)
     assert tree.max_depth >= 5 and source.calls >= 5
     assert context.shape is not None and context.shape[1] >= 5  # recorded for the loop's observation of the step
 

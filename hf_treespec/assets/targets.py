@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..paths import default_cache_dir
 from .packaged import TARGETS
 
 if TYPE_CHECKING:
@@ -22,12 +23,6 @@ logger = logging.getLogger(__name__)
 
 
 _PROVENANCE_FILE = "hf_treespec_conversion.json"
-
-
-def default_cache_dir() -> Path:
-    """``$HF_TREESPEC_CACHE`` if set, else ``~/.cache/hf_treespec``."""
-    env = os.environ.get("HF_TREESPEC_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "hf_treespec"
 
 
 def load_target(

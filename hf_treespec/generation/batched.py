@@ -32,13 +32,12 @@ from ..compat import CACHE_KWARG
 from ..drafters.base import Drafter, TargetFeatures, as_drafter
 from ..features import capture_hidden_states
 from ..policies import TreePolicy
-from ..policies.auto import TreeSizer
 from ..ragged_cache import RaggedKV
-from ..step_context import StepContext, sampling_params
+from ..step_context import DecodingSetup, StepContext, StepOutcome, sampling_params
 from ..timing import Clock, RunningMean
 from ..tree import DraftTree
 from ..verifiers import Verifier
-from .components import TreeSpecGenerateOutput, auto_speed_model, check_drafter, on_path, resolve
+from .components import TreeSpecGenerateOutput, check_drafter, resolve, verifier_for
 from .draft_source import WarpedDraftSource
 from .lockstep import LockstepDraftSource, build_in_lockstep
 from .processors import process_tree_logits, processors_for_rows
@@ -52,7 +51,6 @@ class RowState:
     index: int
     ids: torch.Tensor  # [1, length]: the left-padded prompt and every token committed so far
     drafter: Drafter
-    policy: TreePolicy
     verifier: Verifier
     processors: LogitsProcessorList  # generate's processors with any per-row state narrowed to this row
     context: StepContext | None = None
@@ -112,13 +110,14 @@ def batched_tree_decoding(
     cache = model_kwargs.get(CACHE_KWARG)
     if cache is None:
         raise ValueError("tree speculation needs use_cache=True.")
-    probe_policy, _ = resolve(generation_config, first_drafter)
-    speed = auto_speed_model(model, first_drafter, probe_policy, generation_config, batch=batch)
+    # ONE policy for every row: policies keep no per-tree state between calls (each build's state is local), so the
+    # rows share its parameters, helper networks and, under "auto", its speed model, which observes the batch step
+    policy, _ = resolve(generation_config, first_drafter)
+    policy.setup(DecodingSetup(model, first_drafter, *sampling_params(generation_config), batch=batch))
     rows = []
     for index in range(batch):
         drafter = first_drafter if index == 0 else fork_drafter(first_drafter, assistant_model, model)
-        policy, verifier = resolve(generation_config, drafter)
-        rows.append(RowState(index, input_ids[index : index + 1], drafter, policy, verifier,
+        rows.append(RowState(index, input_ids[index : index + 1], drafter, verifier_for(generation_config, policy),
                              processors_for_rows(logits_processor, index)))
     pad_id = pad_token(generation_config)
 
@@ -126,9 +125,9 @@ def batched_tree_decoding(
     want_dict = generation_config.return_dict_in_generate
     want_scores = want_dict and generation_config.output_scores
     want_logits = want_dict and generation_config.output_logits
-    needs = probe_policy.context_needs
+    needs = policy.context_needs
     mask_dtype = model.dtype
-    clock = Clock(device, enabled=want_dict or "latencies" in needs or speed is not None)
+    clock = Clock(device, enabled=want_dict or policy.wants_timing)
     t_start = clock.now()
     layers = tuple(first_drafter.target_layers or ())
     captured = layers + ((-1,) if "target_hidden" in needs else ())
@@ -150,7 +149,7 @@ def batched_tree_decoding(
             temperature=temperature, top_p=top_p,
             target_probs=processed_row.softmax(-1) if "target_probs" in needs else None,
             target_hidden=states.parts[-1][slot, position] if "target_hidden" in needs else None,
-            draft_seconds=draft_mean.value, target_seconds=target_mean.value, speed=speed,
+            draft_seconds=draft_mean.value, target_seconds=target_mean.value,
         )
 
     def emit(row: RowState, tokens: torch.Tensor, processed: torch.Tensor, raw: torch.Tensor) -> tuple[bool, int]:
@@ -216,8 +215,8 @@ def batched_tree_decoding(
     while active:
         t0 = clock.now()
         # one check for the batch: when no tree could pay at any row's context, no row's policy runs
-        if speed is None or TreeSizer(speed, int(kv.positions().min())).could_pay():
-            trees, rounds = draft_trees(active)
+        if policy.may_draft(int(kv.positions().min())):
+            trees, rounds = draft_trees(policy, active)
         else:
             trees, rounds = [DraftTree.root(row.context.root_token) for row in active], 0
         t1 = clock.now()
@@ -252,10 +251,11 @@ def batched_tree_decoding(
         verify_seconds += t2 - t1
         if "latencies" in needs and rounds:
             draft_mean.add(t1 - t0, rounds)
-        if speed is not None:
-            observe_batch_step(speed, active, trees, verdicts, rounds, width=int(ids.shape[1]),
-                               context=int(kv.positions().float().mean()), draft_seconds=t1 - t0,
-                               verify_seconds=t2 - t1)
+        policy.observe(StepOutcome(
+            trees=trees, accepted=verdicts, contexts=[row.context for row in active], width=int(ids.shape[1]),
+            context_length=int(kv.positions().float().mean()), draft_seconds=t1 - t0, verify_seconds=t2 - t1,
+            draft_rounds=rounds,
+        ))
         joined = drafter_features(states)
         done = torch.zeros(len(active), dtype=torch.bool)
         for slot, (row, tree, accepted) in enumerate(zip(active, trees, verdicts)):
@@ -302,34 +302,17 @@ def batched_tree_decoding(
     )
 
 
-def draft_trees(active: list[RowState]) -> tuple[list[DraftTree], int]:
+def draft_trees(policy: TreePolicy, active: list[RowState]) -> tuple[list[DraftTree], int]:
     """Every active row's tree from its own policy, the rows' draft forwards batched into rounds
     (`build_in_lockstep`); returns the trees and the rounds run (drafter forwards)."""
     if len(active) == 1:  # nothing to batch with: the row's policy runs directly, no thread
         row = active[0]
         source = WarpedDraftSource(row.drafter, row.processors, row.ids)
-        tree = row.policy.build(source, row.context.root_token, context=row.context)
+        tree = policy.build(source, row.context.root_token, context=row.context)
         return [tree], source.num_forwards
     sources = [LockstepDraftSource(row.drafter, row.processors, row.ids) for row in active]
-    builds = [partial(row.policy.build, root_token=row.context.root_token, context=row.context) for row in active]
+    builds = [partial(policy.build, root_token=row.context.root_token, context=row.context) for row in active]
     return build_in_lockstep(builds, sources)
-
-
-def observe_batch_step(speed, active: list[RowState], trees: list[DraftTree], accepted: list[torch.Tensor],
-                       rounds: int, *, width: int, context: int, draft_seconds: float, verify_seconds: float) -> None:
-    """The auto-sizing speed model sees the batch step as one step (every row's tree, the batch's tokens, its draft
-    rounds): so its drafted-vs-draft-free decision and its re-probing count batch steps, whatever the batch size. The
-    sampled shape each row's policy chose is scored on that row's own acceptance."""
-    for row, path in zip(active, accepted):
-        if row.context.shape is not None:
-            speed.depth_acceptance.observe(*row.context.shape, int(path.numel()) - 1)
-    speed.observe_step(
-        tree_scores=torch.cat([tree.scores[1:] for tree in trees]),
-        on_path=torch.cat([on_path(tree, path) for tree, path in zip(trees, accepted)]),
-        rows=width, context=context, draft_seconds=draft_seconds,
-        draft_forwards=rounds, verify_seconds=verify_seconds,
-        tokens=sum(int(path.numel()) for path in accepted), trees=len(trees),
-    )
 
 
 def stack_steps(per_row: list[list[torch.Tensor]]) -> tuple[torch.Tensor, ...]:

@@ -11,8 +11,6 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..drafters.base import Drafter, as_drafter
 from ..policies import POLICIES, TreePolicy
-from ..step_context import sampling_params
-from ..tree import DraftTree
 from ..verifiers import VERIFIERS, Verifier
 from .config import TreeSpecSettings
 
@@ -72,12 +70,19 @@ def resolve(generation_config: GenerationConfig, drafter: Drafter | None = None)
             f"tree_policy={settings.policy!r} does not use {ignored}; it takes {sorted(policy_cls.defaults)}."
         )
     policy = policy_cls(do_sample=settings.do_sample, **params)
+    return policy, verifier_for(generation_config, policy)
+
+
+def verifier_for(generation_config: GenerationConfig, policy: TreePolicy) -> Verifier:
+    """A new verifier named in the generation config (or the policy's default when sampling), refused when it would
+    not be lossless for the policy's trees. A batch gives every row its own (verifiers may keep per-row state)."""
+    settings = TreeSpecSettings.from_generation_config(generation_config)
     verifier_name = settings.verifier or ("greedy" if not settings.do_sample else policy.default_verifier)
     verifier_cls = VERIFIERS.get(verifier_name)
     verifier_cls.check_compatible(
         policy.regime_for(), is_chain=policy.is_chain, do_sample=settings.do_sample, policy=settings.policy
     )
-    return policy, verifier_cls()
+    return verifier_cls()
 
 
 def check_drafter(target: torch.nn.Module, assistant: torch.nn.Module | None) -> Drafter:
@@ -96,26 +101,3 @@ def check_drafter(target: torch.nn.Module, assistant: torch.nn.Module | None) ->
             "handles different tokenizers)."
         )
     return drafter
-
-
-def auto_speed_model(model, drafter: Drafter, policy: TreePolicy, generation_config: GenerationConfig,
-                     batch: int = 1):
-    """The `SpeedModel` an auto-sized policy decides with (None otherwise): kept on the target per (drafter,
-    sampling settings, batch size), its cost curve calibrated at first use and cached on disk
-    (`hf_treespec.latency`); a batch prices each step by its total rows (batch x nodes), and a draft round at one
-    forward for all rows when the drafter batches them (`Drafter.batches_rows`), else one per row."""
-    if not policy.auto_sized:
-        return None
-    from ..latency import speed_model_for
-
-    assistant = getattr(drafter, "model", drafter)
-    key = (id(assistant), getattr(assistant, "name_or_path", ""), type(drafter).__name__,
-           *sampling_params(generation_config))
-    return speed_model_for(model, key, batch=batch, batched_drafting=drafter.batches_rows)
-
-
-def on_path(tree: DraftTree, accepted: torch.Tensor) -> torch.Tensor:
-    """Bool ``[num_nodes - 1]``: whether each draft node (root excluded) is on the accepted path."""
-    mask = torch.zeros(tree.num_nodes, dtype=torch.bool, device=tree.device)
-    mask[accepted] = True
-    return mask[1:]

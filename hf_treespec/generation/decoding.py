@@ -13,11 +13,11 @@ from ..cache import TreeKV
 from ..compat import CACHE_KWARG
 from ..drafters.base import TargetFeatures
 from ..features import capture_hidden_states
-from ..step_context import StepContext, sampling_params
+from ..step_context import DecodingSetup, StepContext, StepOutcome, sampling_params
 from ..timing import Clock, RunningMean
 from ..tree import DraftTree
 from .batched import batched_tree_decoding
-from .components import TreeSpecGenerateOutput, auto_speed_model, check_drafter, check_no_beams, on_path, resolve
+from .components import TreeSpecGenerateOutput, check_drafter, check_no_beams, resolve
 from .draft_source import WarpedDraftSource
 from .processors import process_tree_logits
 from .stopping import tokens_before_stop
@@ -72,7 +72,7 @@ def tree_speculative_decoding(
         )
     drafter = check_drafter(model, assistant_model)
     policy, verifier = resolve(generation_config, drafter)
-    speed = auto_speed_model(model, drafter, policy, generation_config)
+    policy.setup(DecodingSetup(model, drafter, *sampling_params(generation_config)))
     check_tree_attention(model, role="target model")
     cache = model_kwargs.get(CACHE_KWARG)
     if cache is None:
@@ -86,9 +86,9 @@ def tree_speculative_decoding(
     mask_dtype = model.dtype  # read once: the property walks the parameters
     target_kv = TreeKV(cache)
     # the clock syncs the device only when someone reads its numbers: the caller (return_dict_in_generate) or the
-    # policy (context_needs has "latencies")
+    # policy (auto sizing, or "latencies" in its context_needs)
     needs = policy.context_needs
-    clock = Clock(device, enabled=want_dict or "latencies" in needs or speed is not None)
+    clock = Clock(device, enabled=want_dict or policy.wants_timing)
     t_start = clock.now()
 
     # prefill: the target's first token, chosen exactly as plain generate chooses it
@@ -112,7 +112,7 @@ def tree_speculative_decoding(
             temperature=temperature, top_p=top_p,
             target_probs=probs_row.softmax(-1) if "target_probs" in needs else None,
             target_hidden=states.parts[-1][0, row] if "target_hidden" in needs else None,
-            draft_seconds=draft_mean.value, target_seconds=target_mean.value, speed=speed,
+            draft_seconds=draft_mean.value, target_seconds=target_mean.value,
         )
 
     with capture() as states:
@@ -195,7 +195,8 @@ def tree_speculative_decoding(
     while not finished:
         source = WarpedDraftSource(drafter, logits_processor, input_ids)
         t0 = clock.now()
-        tree: DraftTree = policy.build(source, context.root_token, context=context)
+        tree = policy.build(source, context.root_token, context=context) if policy.may_draft(
+            context.context_length) else DraftTree.root(context.root_token)
         t1 = clock.now()
         draft_free = tree.num_nodes == 1 and target_kv.holds_only_committed
         # rows of the accepted path (root first): raw and processed target logits
@@ -208,12 +209,11 @@ def tree_speculative_decoding(
         draft_forwards += source.num_forwards
         new_tokens = torch.cat([tree.tokens[accepted[1:]], torch.tensor([next_token])])
         tree_sizes.append(tree.num_nodes - 1)
-        if speed is not None:
-            speed.observe_step(
-                tree_scores=tree.scores[1:], on_path=on_path(tree, accepted), rows=tree.num_nodes,
-                context=input_ids.shape[1], draft_seconds=t1 - t0, draft_forwards=source.num_forwards,
-                verify_seconds=t2 - t1, tokens=int(accepted.numel()), shape=context.shape,
-            )
+        policy.observe(StepOutcome(
+            trees=[tree], accepted=[accepted], contexts=[context], width=tree.num_nodes,
+            context_length=input_ids.shape[1], draft_seconds=t1 - t0, verify_seconds=t2 - t1,
+            draft_rounds=source.num_forwards,
+        ))
         drafter.commit(tree, accepted, drafter_features(states, slice(None) if draft_free else accepted))
         finished, count = emit(new_tokens, processed, raw)
         accepted_lengths.append(count)

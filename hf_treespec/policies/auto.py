@@ -162,14 +162,3 @@ class TreeSizer:
             n = max(n, 1)  # a probe verifies at least the best node, so acceptance is measured again
         return top_by_score(tree, n)
 
-
-def sizer_from(context, policy_name: str) -> TreeSizer:
-    """The step's `TreeSizer` from a `StepContext`; a clear error when the loop gave no speed model."""
-    speed = getattr(context, "speed", None) if context is not None else None
-    if speed is None:
-        raise ValueError(
-            f"tree_policy={policy_name!r} with tree_budget='auto' sizes trees from measured costs: it needs a "
-            "StepContext with a SpeedModel (model.generate fills it; when calling build() directly pass "
-            "context=StepContext(..., speed=SpeedModel(curve)))."
-        )
-    return TreeSizer(speed, int(context.context_length), step=context)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from ..tree import DraftTree
-from .auto import AUTO_MAX_NODES, sizer_from
+from .auto import AUTO_MAX_NODES
 from .base import POLICIES, TreePolicy, topk_children
 
 
@@ -33,7 +33,7 @@ class SALFPolicy(TreePolicy):
 
     def build(self, source, root_token, *, context, generator=None) -> DraftTree:
         device = torch.device("cpu")  # trees are host bookkeeping (see DraftTree)
-        sizer = sizer_from(context, self.name) if self.auto_sized else None
+        sizer = self.sizer(context) if self.auto_sized else None
         tree = DraftTree.root(root_token, device=device)
         if sizer is not None and not sizer.should_draft():
             return tree

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..tree import DraftTree
-from .auto import AUTO_MAX_NODES, sizer_from
+from .auto import AUTO_MAX_NODES
 from ..tree import top_by_score
 from .base import POLICIES, TreePolicy, topk_children
 
@@ -29,7 +29,7 @@ class Eagle2Policy(TreePolicy):
         """With ``tree_budget="auto"`` the beam deepens while the cost rule says the next level can pay, and the final
         rerank keeps the rate-maximising number of nodes (possibly none: a step without drafts)."""
         device = torch.device("cpu")  # trees are host bookkeeping (see DraftTree)
-        sizer = sizer_from(context, self.name) if self.auto_sized else None
+        sizer = self.sizer(context) if self.auto_sized else None
         tree = DraftTree.root(root_token, device=device)
         if sizer is not None and not sizer.should_draft():
             return tree

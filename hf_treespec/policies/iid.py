@@ -15,7 +15,6 @@ import torch
 from ..randomness import Randomness, multinomial_counts
 from ..step_context import StepContext
 from ..tree import DraftTree, Regime
-from .auto import sizer_from
 from .base import POLICIES, DraftSource, TreePolicy
 
 
@@ -75,7 +74,7 @@ class _SampledPathsPolicy(TreePolicy):
         trunk, paths, branch = self.shape()
         tree = DraftTree.root(root_token, regime=self.regime)
         if self.auto_sized:  # (k, l) per step by measured cost, the kwargs as upper bounds; None: no drafts
-            chosen = sizer_from(context, self.name).choose_shape(lambda k, depth: k * depth, paths, branch)
+            chosen = self.sizer(context).choose_shape(lambda k, depth: k * depth, paths, branch)
             if chosen is None:
                 return tree
             paths, branch = chosen

@@ -7,7 +7,6 @@ import torch
 from ..randomness import Randomness, without_replacement
 from ..step_context import StepContext
 from ..tree import DraftTree, Regime
-from .auto import sizer_from
 from .base import POLICIES, DraftSource, TreePolicy
 
 
@@ -37,7 +36,7 @@ class SWORPolicy(TreePolicy):
         k, depth = int(self.params["tree_topk"]), int(self.params["tree_depth"])
         tree = DraftTree.root(root_token, regime=self.regime)
         if self.auto_sized:
-            chosen = sizer_from(context, self.name).choose_shape(lambda k, d: k + (d - 1) * k * k, k, depth)
+            chosen = self.sizer(context).choose_shape(lambda k, d: k + (d - 1) * k * k, k, depth)
             if chosen is None:
                 return tree
             k, depth = chosen
