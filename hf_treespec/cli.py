@@ -148,6 +148,9 @@ def add_calibrate_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--sizes", default="1,2,4,8,16,32,64", help="rows per forward (root included)")
     parser.add_argument("--contexts", default="128,512", help="cached context lengths")
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats per point (fastest kept)")
+    parser.add_argument("--batch-size", default="",
+                        help="also time [batch, rows] forwards at these batch sizes (comma-separated) against the "
+                             "curve's price for batch x rows rows, the premise a batch's tree sizing rests on")
     parser.add_argument("--out", default="calibrate_out", help="folder for curve.json and curve.png")
     parser.set_defaults(handler=run_calibrate)
 
@@ -161,7 +164,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     from .benchmark.runner import BenchmarkConfig, load_model, torch_threads
     from .benchmark.report import cost_curve_lines, plot_cost_curve
     from .hardware import detect
-    from .latency import cache_path, calibrate_target
+    from .cost_curve import cache_path, calibrate_batches, calibrate_target
 
     def numbers(text: str, name: str) -> tuple[int, ...]:
         try:
@@ -173,6 +176,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
         return values
 
     sizes, contexts = numbers(args.sizes, "sizes"), numbers(args.contexts, "contexts")
+    batches = numbers(args.batch_size, "batch-size") if args.batch_size else ()
     if args.repeats < 1 or args.threads < 1:
         raise ValueError("--repeats and --threads must be >= 1.")
     dtype = BenchmarkConfig(dtype=args.dtype).resolved_dtype
@@ -180,12 +184,21 @@ def run_calibrate(args: argparse.Namespace) -> int:
     with torch_threads(args.threads), torch.no_grad():
         curve = calibrate_target(model.eval(), sizes=sizes, contexts=contexts, repeats=args.repeats)
         cached = cache_path(curve.key)
+        checks = calibrate_batches(model, curve, batches, repeats=args.repeats) if batches else []
     hardware = detect(model.device)
     print(f"{args.model} ({dtype}) on {hardware.describe().rsplit(';', 1)[0]}; {args.threads} threads)\n")
     print("\n".join(cost_curve_lines(curve.to_json())[2:]))
     folder = Path(args.out)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "curve.json").write_text(json.dumps({**curve.to_json(), "hardware": hardware.as_dict()}, indent=1))
+    if checks:
+        print(f"\n[batch, rows] forwards at context {checks[0].context} vs the curve's price for batch x rows rows")
+        print("| batch | rows per sequence | measured ms | curve(batch x rows) ms | measured / curve |")
+        print("|---:|---:|---:|---:|---:|")
+        for check in checks:
+            print(f"| {check.batch} | {check.rows} | {1000 * check.measured:.1f} | {1000 * check.predicted:.1f} | "
+                  f"{check.ratio:.2f} |")
+        (folder / "batches.json").write_text(json.dumps([{**vars(c), "ratio": c.ratio} for c in checks], indent=1))
     plot_cost_curve(curve, folder / "curve.png", title=f"{args.model} {dtype}, {hardware.name}, {args.threads} thr")
     cached.parent.mkdir(parents=True, exist_ok=True)
     cached.write_text(json.dumps(curve.to_json(), indent=1))

@@ -17,11 +17,9 @@ from hf_treespec.latency import (
     PROBE_STEPS,
     REPROBE_EVERY,
     AcceptanceTable,
-    CostCurve,
     SpeedModel,
-    calibrate_target,
-    load_or_calibrate,
 )
+from hf_treespec.cost_curve import CostCurve, calibrate_batches, calibrate_target, load_or_calibrate
 from hf_treespec.policies import POLICIES, StepContext
 from hf_treespec.policies.base import DraftSource
 from hf_treespec.policies.auto import TreeSizer
@@ -346,6 +344,15 @@ def test_calibration_is_cached_per_model(target, tmp_path):
 def test_calibrate_target_shape(target):
     c = calibrate_target(target, sizes=(1, 2), contexts=(4, 8), repeats=1)
     assert len(c.seconds) == 2 and len(c.seconds[0]) == 2 and "|" in c.table()
+
+
+def test_calibrate_batches_prices_each_point(target):
+    """One check per (batch, rows), each priced at batch x rows rows of the curve."""
+    curve = CostCurve([1, 2, 4, 8], [16], [[0.001, 0.002, 0.004, 0.008]])
+    checks = calibrate_batches(target, curve, batches=(1, 3), rows=(1, 2), context=16, repeats=1)
+    assert [(c.batch, c.rows) for c in checks] == [(1, 1), (1, 2), (3, 1), (3, 2)]
+    assert [c.predicted for c in checks] == pytest.approx([0.001, 0.002, 0.003, 0.006])
+    assert all(c.measured > 0 and c.ratio == c.measured / c.predicted for c in checks)
 
 
 @pytest.mark.parametrize("policy", ["salf", "eagle2"])

@@ -182,7 +182,7 @@ def test_auto_budget_batch(target, drafters, tmp_path, monkeypatch):
 
 def steep_curve():
     """Every extra target row costs a full step: no tree can pay at any batch size."""
-    from hf_treespec.latency import CostCurve
+    from hf_treespec.cost_curve import CostCurve
 
     sizes = [1, 2, 4, 8, 16, 32, 64, 128]
     return CostCurve(sizes, [256], [[0.05 * n for n in sizes]])
@@ -248,7 +248,8 @@ def test_could_pay_bounds_every_tree():
     """`TreeSizer.could_pay`: False when even a perfectly accepted chain of any depth loses to a draft-free step at
     this batch (a steep curve, or a flat one at a batch whose rows draft one after another), True where a tree could
     pay."""
-    from hf_treespec.latency import CostCurve, SpeedModel
+    from hf_treespec.cost_curve import CostCurve
+    from hf_treespec.latency import SpeedModel
     from hf_treespec.policies.auto import TreeSizer
 
     sizes = [1, 2, 4, 8, 16, 32, 64, 128]
@@ -267,7 +268,8 @@ def test_could_pay_bounds_every_tree():
 
 def test_batch_prices_total_rows():
     """A batch of B prices a step of n nodes per tree as B x n rows of the cost curve, drafting as B forwards."""
-    from hf_treespec.latency import CostCurve, SpeedModel
+    from hf_treespec.cost_curve import CostCurve
+    from hf_treespec.latency import SpeedModel
 
     curve = CostCurve(sizes=[1, 8, 64], contexts=[100], seconds=[[1.0, 2.0, 9.0]])
     one, four = SpeedModel(curve), SpeedModel(curve, batch=4)

@@ -161,7 +161,7 @@ def markdown_report(result: BenchmarkResult, summaries: list[MethodSummary] | No
 
 def cost_curve_lines(curve_json: dict) -> list[str]:
     """The target's measured verification cost (ms per forward) and its ratio to a one-token step."""
-    from ..latency import CostCurve
+    from ..cost_curve import CostCurve
 
     curve = CostCurve.from_json(curve_json)
     ratios = "| x one-token step | " + " | ".join(

@@ -361,7 +361,7 @@ def method_drafters(methods: list[BenchMethod], drafter: torch.nn.Module | None,
 
 def _cost_curve(model):
     """The target's verification cost curve on this machine (cached after the first measurement)."""
-    from ..latency import load_or_calibrate
+    from ..cost_curve import load_or_calibrate
 
     with torch.no_grad():
         return load_or_calibrate(model)
