@@ -123,3 +123,27 @@ def test_a_rows_error_reaches_the_caller_and_no_thread_is_left(target, drafters)
     trees, rounds = build_in_lockstep([good, lambda source: DraftTree.root(2), good], sources())
     assert rounds == 3 and [int(t.tokens[0]) for t in trees] == [1, 2, 1]
     assert threading.active_count() == before
+
+
+@pytest.mark.parametrize("name", ["greedy", "nss"])
+def test_verify_rows_equals_one_verify_per_row(name):
+    """A batch's drafted rows verified in one call give each row what its own `verify` gives (sampling verifiers:
+    the same draws in row order)."""
+    from hf_treespec.verifiers import VERIFIERS
+
+    gen = torch.Generator().manual_seed(0)
+    trees, logits = [], []
+    for size in (3, 1, 5):
+        tree = DraftTree.root(1)
+        for _ in range(size):
+            parent = torch.randint(0, tree.num_nodes, (1,), generator=gen)
+            tree = tree.add_children(parent, torch.randint(0, 8, (1,), generator=gen), torch.tensor([-0.5]))
+        trees.append(tree)
+        logits.append(torch.randn(tree.num_nodes, 8, generator=gen) * 3)
+    verifier = VERIFIERS.get(name)()
+    torch.manual_seed(5)
+    together = verifier.verify_rows(trees, logits)
+    torch.manual_seed(5)
+    alone = [verifier.verify(tree, rows) for tree, rows in zip(trees, logits)]
+    assert [(r.accepted.tolist(), r.next_token) for r in together] == \
+        [(r.accepted.tolist(), r.next_token) for r in alone]

@@ -8,9 +8,11 @@ padded with ``pad_token_id`` exactly as plain ``generate`` pads it.
 
 Drafting is batched too: every row's policy grows its own data-dependent tree (``TreePolicy.build`` takes one root),
 and the rows' draft forwards are joined into one forward per round (`lockstep.build_in_lockstep`,
-`Drafter.expand_rows`). Python loops over rows remain where a per-row rule is the contract: the policies' own
-bookkeeping, verifiers (each walks one tree; their acceptance rules are sequential per tree), and stopping criteria
-(callables over a ``[batch, length]`` tensor whose rows here have different lengths). The target forward, the
+`Drafter.expand_rows`). The rows share one policy and one verifier (neither keeps per-tree state); drafted rows are
+verified in one `Verifier.verify_rows` call (greedy: one host copy of every row's choices). Python loops over rows
+remain where a per-row rule is the contract: the policies' own bookkeeping, the verifiers' walks (their acceptance
+rules are sequential per tree), and stopping criteria (callables over a ``[batch, length]`` tensor whose rows here
+have different lengths). The target forward, the
 dominant cost, the draft forwards and the KV moves are batched. Draft-free rows (every row,
 when ``tree_budget="auto"`` finds that no tree could pay at this batch) are handled as plain batched ``generate``
 handles its batch: rows of equal length share one logits-processor call and one stopping-criteria call, and no
@@ -36,8 +38,7 @@ from ..ragged_cache import RaggedKV
 from ..step_context import DecodingSetup, StepContext, StepOutcome, sampling_params
 from ..timing import Clock, RunningMean
 from ..tree import DraftTree
-from ..verifiers import Verifier
-from .components import TreeSpecGenerateOutput, check_drafter, resolve, verifier_for
+from .components import TreeSpecGenerateOutput, check_drafter, resolve
 from .draft_source import WarpedDraftSource
 from .lockstep import LockstepDraftSource, build_in_lockstep
 from .processors import process_tree_logits, processors_for_rows
@@ -51,7 +52,6 @@ class RowState:
     index: int
     ids: torch.Tensor  # [1, length]: the left-padded prompt and every token committed so far
     drafter: Drafter
-    verifier: Verifier
     processors: LogitsProcessorList  # generate's processors with any per-row state narrowed to this row
     context: StepContext | None = None
     scores: list[torch.Tensor] = field(default_factory=list)
@@ -110,14 +110,15 @@ def batched_tree_decoding(
     cache = model_kwargs.get(CACHE_KWARG)
     if cache is None:
         raise ValueError("tree speculation needs use_cache=True.")
-    # ONE policy for every row: policies keep no per-tree state between calls (each build's state is local), so the
-    # rows share its parameters, helper networks and, under "auto", its speed model, which observes the batch step
-    policy, _ = resolve(generation_config, first_drafter)
+    # ONE policy and ONE verifier for every row: neither keeps per-tree state between calls (each call's state is
+    # local), so the rows share the policy's parameters, helper networks and, under "auto", its speed model, which
+    # observes the batch step; the verifier checks every drafted row in one `verify_rows` call
+    policy, verifier = resolve(generation_config, first_drafter)
     policy.setup(DecodingSetup(model, first_drafter, *sampling_params(generation_config), batch=batch))
     rows = []
     for index in range(batch):
         drafter = first_drafter if index == 0 else fork_drafter(first_drafter, assistant_model, model)
-        rows.append(RowState(index, input_ids[index : index + 1], drafter, verifier_for(generation_config, policy),
+        rows.append(RowState(index, input_ids[index : index + 1], drafter,
                              processors_for_rows(logits_processor, index)))
     pad_id = pad_token(generation_config)
 
@@ -181,7 +182,7 @@ def batched_tree_decoding(
             processors = processors_for_rows(logits_processor, [active[slot].index for slot in group])
             processed = processors(ids, raw.clone()) if len(processors) else raw
             if do_sample:
-                tokens = torch.tensor([active[s].verifier.target_choice(processed[i]) for i, s in enumerate(group)])
+                tokens = torch.tensor([verifier.target_choice(processed[i]) for i in range(len(group))])
             else:
                 tokens = processed.max(-1).indices.cpu()  # plain generate's argmax (first maximum on ties)
             extended = torch.cat([ids, tokens[:, None].to(device)], dim=1)
@@ -230,21 +231,25 @@ def batched_tree_decoding(
         all_logits = out.logits.float()
         free = {slot for slot, tree in enumerate(trees) if tree.num_nodes == 1 and not want_scores}
         outcome = plain_rows(sorted(free), all_logits)  # slot -> (next token, stopped, raw rows, processed rows)
-        verdicts = []
+        verdicts = [root_only] * len(active)
+        drafted, processed_rows = [], {}
         for slot, (row, tree) in enumerate(zip(active, trees)):
             if slot in free:
-                verdicts.append(root_only)
                 continue
-            nodes = torch.arange(tree.num_nodes)
             raw = all_logits[slot, : tree.num_nodes]
-            processed = process_tree_logits(row.processors, row.ids, tree, nodes, raw)
+            processed = process_tree_logits(row.processors, row.ids, tree, torch.arange(tree.num_nodes), raw)
+            processed_rows[slot] = processed
             if tree.num_nodes == 1:  # a draft-free row whose scores are kept: the target's own choice
-                accepted, next_token = root_only, row.verifier.target_choice(processed[0])
+                outcome[slot] = (verifier.target_choice(processed[0]), None, raw, processed)
             else:
-                result = row.verifier.verify(tree, processed)
-                accepted, next_token = result.accepted.cpu(), result.next_token
-            outcome[slot] = (next_token, None, raw[accepted.to(device)], processed[accepted.to(device)])
-            verdicts.append(accepted)
+                drafted.append(slot)
+        results = verifier.verify_rows([trees[slot] for slot in drafted], [processed_rows[s] for s in drafted])
+        for slot, result in zip(drafted, results):
+            accepted = result.accepted.cpu()
+            rows_on_path = accepted.to(device)
+            outcome[slot] = (result.next_token, None, all_logits[slot, rows_on_path],
+                             processed_rows[slot][rows_on_path])
+            verdicts[slot] = accepted
         kv.commit(verdicts)
         t2 = clock.now()
         draft_seconds += t1 - t0

@@ -70,19 +70,12 @@ def resolve(generation_config: GenerationConfig, drafter: Drafter | None = None)
             f"tree_policy={settings.policy!r} does not use {ignored}; it takes {sorted(policy_cls.defaults)}."
         )
     policy = policy_cls(do_sample=settings.do_sample, **params)
-    return policy, verifier_for(generation_config, policy)
-
-
-def verifier_for(generation_config: GenerationConfig, policy: TreePolicy) -> Verifier:
-    """A new verifier named in the generation config (or the policy's default when sampling), refused when it would
-    not be lossless for the policy's trees. A batch gives every row its own (verifiers may keep per-row state)."""
-    settings = TreeSpecSettings.from_generation_config(generation_config)
     verifier_name = settings.verifier or ("greedy" if not settings.do_sample else policy.default_verifier)
     verifier_cls = VERIFIERS.get(verifier_name)
     verifier_cls.check_compatible(
         policy.regime_for(), is_chain=policy.is_chain, do_sample=settings.do_sample, policy=settings.policy
     )
-    return verifier_cls()
+    return policy, verifier_cls()
 
 
 def check_drafter(target: torch.nn.Module, assistant: torch.nn.Module | None) -> Drafter:

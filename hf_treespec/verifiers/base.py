@@ -57,6 +57,13 @@ class Verifier(ABC):
         ``generator``: a ``torch.Generator`` or a `~hf_treespec.randomness.RandomSource` (every random choice goes
         through `hf_treespec.randomness`, so the exact-enumeration tests can integrate it out)."""
 
+    def verify_rows(self, trees: list[DraftTree], target_logits: list[torch.Tensor],
+                    generator: Randomness = None) -> list[VerifyResult]:
+        """`verify` for every drafted row of a batch (``target_logits[i]``: ``[n_i, V]`` for ``trees[i]``). Default:
+        one `verify` per row, in row order; a verifier whose rule allows it overrides this with one call over the
+        rows (one host copy for the batch instead of one per row)."""
+        return [self.verify(tree, logits, generator) for tree, logits in zip(trees, target_logits)]
+
     def target_choice(self, target_logits: torch.Tensor, generator: Randomness = None) -> int:
         """The token after a root-only tree (a draft-free step) from its processed row ``[V]``: what plain
         ``generate`` picks, the argmax at T=0, else one draw from the target distribution. Every verifier accepts

@@ -32,6 +32,19 @@ class GreedyVerifier(Verifier):
         """T=0: the child equal to argmax p is entered surely."""
         return {c: float(table.tokens[c] == table.argmax) for c in order}
 
+    def verify_rows(self, trees, target_logits, generator=None) -> list[VerifyResult]:
+        """Every row's argmax choices reach the host in ONE copy; each row then walks its own tree there."""
+        if not trees:
+            return []
+        choices = torch.cat([logits.max(dim=-1).indices for logits in target_logits]).cpu()
+        results, start = [], 0
+        for tree in trees:
+            choice = choices[start : start + tree.num_nodes]
+            start += tree.num_nodes
+            accepted = deepest_matching_path(tree, choice)
+            results.append(VerifyResult(accepted=accepted, next_token=int(choice[accepted[-1]])))
+        return results
+
     def verify(self, tree, target_logits, generator=None) -> VerifyResult:
         # max(dim).indices is argmax (first maximum on ties, as documented), about 3x faster over a vocabulary on CPU
         # then one copy of the [n] choices to the host, where the tree's structure lives
