@@ -9,6 +9,7 @@ from ..attention import check_tree_attention
 from ..cache import TreeKV
 from ..compat import CACHE_KWARG
 from ..tree import DraftTree
+from ..window import TreeWindows, prepare, tree_inputs
 from .base import DRAFTER_ADAPTERS, Drafter, TargetFeatures
 
 
@@ -20,6 +21,7 @@ class CausalLMDrafter(Drafter):
         check_tree_attention(model, role="drafter")
         self.model = model
         self.kv: TreeKV | None = None
+        self.windows: TreeWindows | None = None
 
     @classmethod
     def accepts(cls, model) -> bool:
@@ -36,12 +38,14 @@ class CausalLMDrafter(Drafter):
 
     @torch.no_grad()
     def start(self, prefix_ids, features: TargetFeatures | None = None) -> None:
-        self.kv = TreeKV(DynamicCache(config=self.model.config))
+        cache = DynamicCache(config=self.model.config)
+        self.windows = prepare(self.model, cache, role="drafter")  # sliding layers full-length, window in the mask
+        self.kv = TreeKV(cache)
         self.kv.pending = prefix_ids.long().cpu()
 
     @torch.no_grad()
     def expand(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
-        ids, positions, mask = self.kv.inputs_for(tree, nodes, self._dtype, device=self.model.device)
+        ids, positions, mask = tree_inputs(self.kv, tree, nodes, self._dtype, self.model.device, self.windows)
         num_nodes = int(nodes.numel())
         out = self.model(
             input_ids=ids,

@@ -16,6 +16,7 @@ from ..features import capture_hidden_states
 from ..step_context import StepContext, sampling_params
 from ..timing import Clock, RunningMean
 from ..tree import DraftTree
+from ..window import prepare, refuse_in_batch, tree_inputs
 from .batched import batched_tree_decoding
 from .components import TreeSpecGenerateOutput, auto_speed_model, check_drafter, check_no_beams, on_path, resolve
 from .draft_source import WarpedDraftSource
@@ -66,6 +67,7 @@ def tree_speculative_decoding(
         )
     mask = model_kwargs.get("attention_mask")
     if input_ids.shape[0] != 1 or (mask is not None and not bool(mask.all())):
+        refuse_in_batch(model_kwargs.get(CACHE_KWARG))
         return batched_tree_decoding(
             model, input_ids, logits_processor, stopping_criteria, generation_config,
             streamer=streamer, assistant_model=assistant_model, **model_kwargs,
@@ -77,6 +79,7 @@ def tree_speculative_decoding(
     cache = model_kwargs.get(CACHE_KWARG)
     if cache is None:
         raise ValueError("tree speculation needs use_cache=True.")
+    windows = prepare(model, cache, role="target model")  # sliding layers made full-length; windows in the masks
 
     do_sample = generation_config.do_sample
     want_dict = generation_config.return_dict_in_generate
@@ -167,7 +170,7 @@ def tree_speculative_decoding(
     def verify_tree(tree: DraftTree, since: float):
         """One target forward over the whole tree (4D tree mask), verified; the cache keeps the accepted path."""
         nodes = torch.arange(tree.num_nodes)  # the tree is host bookkeeping; one copy of the forward's inputs
-        ids, positions, mask4d = target_kv.inputs_for(tree, nodes, mask_dtype, device=device)
+        ids, positions, mask4d = tree_inputs(target_kv, tree, nodes, mask_dtype, device, windows)
         out, states = target_forward(since, input_ids=ids, position_ids=positions, attention_mask=mask4d)
         target_kv.fed(tree, nodes)
         raw = out.logits[0].float()
@@ -219,6 +222,8 @@ def tree_speculative_decoding(
         accepted_lengths.append(count)
         context = step_context(states, processed[-1], int(accepted[-1]), int(new_tokens[count - 1]))
 
+    if windows is not None:
+        windows.restore(cache)
     if streamer is not None:
         streamer.end()
     if not want_dict:
