@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hf_treespec.features import decoder_parts
+from hf_treespec.features import final_norm
 
 
 class TargetHead(nn.Module):
@@ -24,7 +24,7 @@ class TargetHead(nn.Module):
 
     @classmethod
     def from_target(cls, model: nn.Module) -> "TargetHead":
-        norm, _ = decoder_parts(model)
+        norm = final_norm(model)
         head = model.get_output_embeddings()
         if head is None or getattr(head, "bias", None) is not None:
             raise ValueError("the target needs a bias-free LM head (get_output_embeddings) to recompute soft labels.")
