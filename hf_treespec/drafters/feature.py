@@ -164,6 +164,11 @@ class TreeSpecDrafterConfig(PretrainedConfig):
     @classmethod
     def for_target(cls, target_config: PretrainedConfig, **overrides: Any) -> "TreeSpecDrafterConfig":
         """A drafter config with the target's vocabulary, geometry and RoPE (one decoder layer), then ``overrides``."""
+        if getattr(target_config, "is_encoder_decoder", False):
+            raise ValueError(
+                f"{type(target_config).__name__} describes an encoder-decoder model: feature drafters read a "
+                "decoder-only causal LM's hidden states."
+            )
         text = target_config.get_text_config()
         fields = {name: copy.deepcopy(getattr(text, name)) for name in _TARGET_FIELDS if hasattr(text, name)}
         fields["rope_parameters"] = copy.deepcopy(getattr(text, "rope_parameters", None))

@@ -79,6 +79,16 @@ def resolve(generation_config: GenerationConfig, drafter: Drafter | None = None)
     return policy, verifier_cls()
 
 
+def check_decoder_only(model: torch.nn.Module) -> None:
+    """Tree speculation feeds the tree through the model's own causal cache; an encoder-decoder model's generate
+    state (encoder outputs, cross-attention cache) is not that, so it is refused by name."""
+    if getattr(model.config, "is_encoder_decoder", False):
+        raise ValueError(
+            f"{type(model).__name__} is an encoder-decoder model: tree speculation needs a decoder-only causal LM "
+            "(AutoModelForCausalLM). Drop tree_policy for this model."
+        )
+
+
 def check_drafter(target: torch.nn.Module, assistant: torch.nn.Module | None) -> Drafter:
     if assistant is None:
         raise ValueError(

@@ -9,7 +9,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
 from ..attention import check_tree_attention
-from ..cache import TreeKV
+from ..cache import TreeKV, keep_rows
 from ..compat import CACHE_KWARG
 from ..drafters.base import TargetFeatures
 from ..features import capture_hidden_states
@@ -18,7 +18,9 @@ from ..timing import Clock, RunningMean
 from ..tree import DraftTree
 from ..window import prepare, refuse_in_batch, tree_inputs
 from .batched import batched_tree_decoding
-from .components import TreeSpecGenerateOutput, auto_speed_model, check_drafter, check_no_beams, on_path, resolve
+from .components import (
+    TreeSpecGenerateOutput, auto_speed_model, check_decoder_only, check_drafter, check_no_beams, on_path, resolve,
+)
 from .draft_source import WarpedDraftSource
 from .processors import process_tree_logits
 from .stopping import tokens_before_stop
@@ -58,6 +60,7 @@ def tree_speculative_decoding(
 ):
     """The tree-speculative decoding loop (``generate``'s decoding-method inputs and outputs; entry: ``tree_generate``)."""
     check_no_beams(generation_config)  # before the batch check: generate has already expanded the prompt into beams
+    check_decoder_only(model)
     if input_ids.shape[1] == 0:
         raise ValueError("tree speculation needs a non-empty prompt.")
     if generation_config.output_attentions or generation_config.output_hidden_states:
@@ -222,6 +225,9 @@ def tree_speculative_decoding(
         accepted_lengths.append(count)
         context = step_context(states, processed[-1], int(accepted[-1]), int(new_tokens[count - 1]))
 
+    # the cache as plain generate leaves it: the rows of sequences[:, :-1] (an accepted chunk cut by a stopping
+    # criterion left rows of tokens that are not in the output)
+    keep_rows(cache, input_ids.shape[1] - 1, torch.zeros(0, dtype=torch.long))
     if windows is not None:
         windows.restore(cache)
     if streamer is not None:

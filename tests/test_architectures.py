@@ -1,0 +1,167 @@
+"""Conformance matrix: tree speculation over tiny random models of the decoder-only families transformers ships.
+
+Every deterministic policy x {a causal-LM drafter of the same family, a `for_target` feature drafter} must give plain
+greedy ``generate``'s tokens exactly (fp32). Sliding-window families run with a window smaller than the prompt, so the
+window is crossed both in the prefill and while decoding. Families that cannot work get a clear error.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import transformers as tf
+
+import hf_treespec
+from hf_treespec.drafters import TreeSpecDrafterConfig, TreeSpecDrafterModel
+from hf_treespec.features import capture_hidden_states, final_norm
+from hf_treespec.window import TreeWindows
+
+torch.set_num_threads(1)
+
+VOCAB, WINDOW, NEW_TOKENS = 96, 8, 16
+POLICIES = ("chain", "eagle2", "salf", "optimal")
+SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+
+# family -> config (tiny; no special token ids, so no prompt token is taken for padding or EOS)
+FAMILIES = {
+    "llama": lambda: tf.LlamaConfig(**SMALL),
+    "qwen2": lambda: tf.Qwen2Config(**SMALL),
+    "qwen3": lambda: tf.Qwen3Config(**SMALL, head_dim=8),
+    "qwen3_moe": lambda: tf.Qwen3MoeConfig(**SMALL, head_dim=8, num_experts=4, num_experts_per_tok=2,
+                                           moe_intermediate_size=32),
+    "smollm3": lambda: tf.SmolLM3Config(**SMALL),
+    "olmo2": lambda: tf.Olmo2Config(**SMALL),
+    "granite": lambda: tf.GraniteConfig(**SMALL, logits_scaling=2.0, embedding_multiplier=2.0),
+    "mistral": lambda: tf.MistralConfig(**SMALL, sliding_window=WINDOW),
+    "phi3": lambda: tf.Phi3Config(**SMALL, sliding_window=WINDOW),
+    "gemma2": lambda: tf.Gemma2Config(**SMALL, head_dim=8, sliding_window=WINDOW),  # soft-capping on
+    "gemma3_text": lambda: tf.Gemma3TextConfig(
+        **{**SMALL, "num_hidden_layers": 3}, head_dim=8, sliding_window=WINDOW,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
+    "gpt2": lambda: tf.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=256),
+    "gpt_neox": lambda: tf.GPTNeoXConfig(**{k: v for k, v in SMALL.items() if k != "num_key_value_heads"}),
+    "opt": lambda: tf.OPTConfig(hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4,
+                                word_embed_proj_dim=32),
+    "falcon": lambda: tf.FalconConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4),
+}
+SLIDING = ("mistral", "phi3", "gemma2", "gemma3_text")
+
+
+def tiny(family: str, seed: int) -> torch.nn.Module:
+    config = FAMILIES[family]()
+    config.vocab_size = VOCAB
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        setattr(config, name, None)
+    torch.manual_seed(seed)
+    model = tf.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(8.0)  # peaked distributions, like a real LM
+    return model
+
+
+def perturbed(model: torch.nn.Module, scale: float = 0.3, seed: int = 1) -> torch.nn.Module:
+    """A second model of the same family close to the target, so trees are accepted deep and branches rejected."""
+    drafter = copy.deepcopy(model)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in drafter.parameters():
+            p.add_(torch.randn_like(p) * scale * p.std())
+    return drafter
+
+
+@pytest.fixture(scope="module")
+def models():
+    cache: dict[str, tuple] = {}
+
+    def get(family: str):
+        if family not in cache:
+            target = hf_treespec.enable(tiny(family, seed=0))
+            feature = TreeSpecDrafterModel(TreeSpecDrafterConfig.for_target(target.config, target_layers=[0, -1]))
+            cache[family] = target, {"causal_lm": perturbed(target), "feature": feature.eval()}
+        return cache[family]
+
+    return get
+
+
+def prompts(family: str) -> list[torch.Tensor]:
+    """A prompt longer than the window; for sliding families also a short one (the window is crossed mid-decode)."""
+    generator = torch.Generator().manual_seed(5)
+    lengths = (WINDOW + 5, 3) if family in SLIDING else (WINDOW + 5,)
+    return [torch.randint(0, VOCAB, (1, n), generator=generator) for n in lengths]
+
+
+@pytest.mark.parametrize("drafter_kind", ["causal_lm", "feature"])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_greedy_identity_with_plain_generate(models, family, drafter_kind):
+    target, drafters = models(family)
+    drafter = drafters[drafter_kind]
+    accepted = 0
+    for ids in prompts(family):
+        plain = target.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False)
+        for policy in POLICIES:
+            out = target.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, assistant_model=drafter,
+                                  tree_policy=policy, return_dict_in_generate=True)
+            assert torch.equal(out.sequences, plain), (family, drafter_kind, policy, ids.shape[1])
+            accepted += sum(out.accepted_lengths) - len(out.accepted_lengths)
+    if drafter_kind == "causal_lm":
+        assert accepted > 0  # drafted tokens were accepted: trees were verified, not only draft-free steps
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma2"])
+def test_returned_cache_is_the_sliding_cache_plain_generate_leaves(models, family):
+    target, drafters = models(family)
+    ids = prompts(family)[0]
+    kwargs = dict(max_new_tokens=NEW_TOKENS, do_sample=False, return_dict_in_generate=True)
+    plain = target.generate(ids, **kwargs).past_key_values
+    tree = target.generate(ids, assistant_model=drafters["causal_lm"], tree_policy="eagle2", **kwargs).past_key_values
+    assert [type(layer) for layer in tree.layers] == [type(layer) for layer in plain.layers]
+    for mine, theirs in zip(tree.layers, plain.layers):
+        assert mine.get_seq_length() == theirs.get_seq_length()
+        torch.testing.assert_close(mine.keys, theirs.keys, atol=1e-5, rtol=1e-4)
+
+
+def test_identity_needs_the_window_in_the_tree_mask(models, monkeypatch):
+    """The matrix can fail: without the window in the tree mask a Mistral target's tree steps diverge."""
+    target, drafters = models("mistral")
+    ids = prompts("mistral")[0]
+    plain = target.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False)
+    monkeypatch.setattr(TreeWindows, "masks", lambda self, mask, queries, keys: mask)
+    out = target.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, assistant_model=drafters["causal_lm"],
+                          tree_policy="chain")
+    assert not torch.equal(out, plain)
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma2"])
+def test_batched_loop_refuses_sliding_windows_by_name(models, family):
+    target, drafters = models(family)
+    ids = torch.randint(0, VOCAB, (2, 6))
+    with pytest.raises(ValueError, match="Batched tree speculation does not support sliding-window attention"):
+        target.generate(ids, max_new_tokens=4, do_sample=False, assistant_model=drafters["causal_lm"],
+                        tree_policy="chain")
+
+
+@pytest.mark.parametrize("family", ["gpt2", "gpt_neox", "opt", "falcon", "gemma2", "llama"])
+def test_captured_last_state_through_the_final_norm_gives_the_logits(models, family):
+    """Layer -1 is the last block's output and `final_norm` the module found between it and the LM head."""
+    target, _ = models(family)
+    ids = prompts(family)[0]
+    norm = final_norm(target)
+    with torch.no_grad(), capture_hidden_states(target, [-1]) as states:
+        logits = target(ids).logits
+        rebuilt = target.get_output_embeddings()(norm(states.hidden_states))
+    cap = getattr(target.config, "final_logit_softcapping", None)
+    if cap:
+        rebuilt = torch.tanh(rebuilt / cap) * cap
+    torch.testing.assert_close(rebuilt, logits, atol=1e-5, rtol=1e-4)
+
+
+def test_encoder_decoder_models_are_refused_by_name():
+    config = tf.T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4,
+                         decoder_start_token_id=0, pad_token_id=0, eos_token_id=None)
+    model = hf_treespec.enable(tf.T5ForConditionalGeneration(config).eval())
+    with pytest.raises(ValueError, match="encoder-decoder"):
+        model.generate(torch.randint(1, VOCAB, (1, 5)), max_new_tokens=4, assistant_model=model, tree_policy="chain")
+    with pytest.raises(ValueError, match="encoder-decoder"):
+        TreeSpecDrafterConfig.for_target(config)
