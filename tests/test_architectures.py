@@ -165,3 +165,29 @@ def test_encoder_decoder_models_are_refused_by_name():
         model.generate(torch.randint(1, VOCAB, (1, 5)), max_new_tokens=4, assistant_model=model, tree_policy="chain")
     with pytest.raises(ValueError, match="encoder-decoder"):
         TreeSpecDrafterConfig.for_target(config)
+
+
+@pytest.mark.parametrize("family", ["gemma2", "granite", "gpt_neox", "opt"])
+def test_target_head_recomputes_the_targets_log_probs(models, family):
+    """Soft labels of drafter training: the final norm, LM head and the logit soft-capping / scaling of the family."""
+    from hf_treespec.trainers import TargetHead
+
+    target, _ = models(family)
+    ids = prompts(family)[0]
+    head = TargetHead.from_target(target)
+    with torch.no_grad(), capture_hidden_states(target, [-1]) as states:
+        expected = torch.log_softmax(target(ids).logits, dim=-1)
+    torch.testing.assert_close(head.log_probs(states.hidden_states), expected, atol=1e-5, rtol=1e-4)
+
+
+def test_target_head_refuses_logits_it_cannot_rebuild(models):
+    """A logit transform no config field declares (here: a hook doubling the LM head's output) is refused."""
+    from hf_treespec.trainers import TargetHead
+
+    target, _ = models("llama")
+    handle = target.get_output_embeddings().register_forward_hook(lambda module, args, output: output * 2)
+    try:
+        with pytest.raises(ValueError, match="not supported for drafter training"):
+            TargetHead.from_target(target)
+    finally:
+        handle.remove()
