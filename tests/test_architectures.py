@@ -191,3 +191,52 @@ def test_target_head_refuses_logits_it_cannot_rebuild(models):
             TargetHead.from_target(target)
     finally:
         handle.remove()
+
+
+@pytest.mark.parametrize("family", ["gpt_neox", "opt"])
+def test_talf_trained_feature_drafter_for_a_non_llama_target_decodes_losslessly(models, family, tmp_path):
+    """`for_target` + a few TALF steps on data prepared from the target itself, then every deterministic policy."""
+    import random
+    import string
+
+    from tokenizers import Regex, Tokenizer, decoders, models as tokenizer_models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from hf_treespec.trainers import PrepareConfig, TALFConfig, TALFTrainer, load_prepared, prepare_dataset
+
+    chars = string.ascii_letters + string.digits + "+/"
+    backend = Tokenizer(tokenizer_models.WordLevel(vocab={c: i for i, c in enumerate(chars)}, unk_token="a"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="a", pad_token="a")
+    tokenizer.chat_template = ("{% for m in messages %}{{ m['role'][0] | upper }}+{{ m['content'] }}/{% endfor %}"
+                               "{% if add_generation_prompt %}A+{% endif %}")
+    rng = random.Random(0)
+    records = [{"id": f"c{i}", "conversations": [
+        {"from": "human", "value": "".join(rng.choice(string.ascii_lowercase) for _ in range(5))},
+        {"from": "gpt", "value": "".join(rng.choice(string.ascii_lowercase) for _ in range(3)) * 5}]}
+        for i in range(6)]
+    target, _ = models(family)
+    prepare_dataset(target, tokenizer, records, tmp_path / "data", PrepareConfig(
+        chunk_size=3, batch_tokens=256, storage_dtype="float32", tree_positions=4, tree_policy="eagle2",
+        tree_params={"tree_topk": 3, "tree_depth": 2}), progress=False)
+    torch.manual_seed(0)
+    config = TreeSpecDrafterConfig.for_target(target.config, share_target_embeddings=True, share_target_lm_head=True)
+    drafter = TreeSpecDrafterModel(config).tie_to_target(target)
+    args = TALFConfig(output_dir=str(tmp_path / "run"), per_device_train_batch_size=2, learning_rate=3e-3, max_steps=3,
+                      save_strategy="no", report_to="none", use_cpu=True, seed=0, dataloader_num_workers=0,
+                      disable_tqdm=True, warmup_steps=0)
+    TALFTrainer(drafter, args, target_model=target, train_dataset=load_prepared(tmp_path / "data")).train()
+    drafter.eval()
+    ids = prompts(family)[0]
+    plain = target.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False)
+    for policy in POLICIES:
+        out = target.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, assistant_model=drafter,
+                              tree_policy=policy)
+        assert torch.equal(out, plain), policy
+
+
+def test_for_target_reads_per_layer_type_rope_and_sizes_the_mlp_of_gpt_style_targets():
+    gemma3 = TreeSpecDrafterConfig.for_target(FAMILIES["gemma3_text"]())
+    assert gemma3.rope_parameters["rope_theta"] == FAMILIES["gemma3_text"]().rope_parameters["full_attention"]["rope_theta"]
+    assert TreeSpecDrafterConfig.for_target(FAMILIES["gpt2"]()).intermediate_size == 4 * 32
