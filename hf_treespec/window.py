@@ -51,6 +51,14 @@ class TreeWindows:
         sliding = tuple(bool(getattr(layer, "is_sliding", False)) for layer in cache.layers)
         if not any(sliding):
             return None
+        others = sorted({type(layer).__name__ for layer, s in zip(cache.layers, sliding)
+                         if s and type(layer) is not DynamicSlidingWindowLayer})
+        if others:
+            raise ValueError(
+                f"The {role}'s cache has {', '.join(others)} sliding layers; tree speculation can widen only "
+                "DynamicCache's plain DynamicSlidingWindowLayer. Use the default dynamic cache (no "
+                "cache_implementation) or decode without tree_policy."
+            )
         windows = {int(layer.sliding_window) for layer, s in zip(cache.layers, sliding) if s}
         config_window = getattr(text, "sliding_window", None)
         if len(windows) != 1 or config_window is None or windows != {int(config_window)}:

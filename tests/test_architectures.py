@@ -260,3 +260,12 @@ def test_sampled_tree_decoding_preserves_the_law_of_non_llama_targets(models, fa
         cell = tuple(out[0, -3:].tolist())
         counts[cell] = counts.get(cell, 0) + 1
     assert chi_square_pvalue(counts, law, n) > 1e-3
+
+
+def test_sliding_layers_other_than_dynamic_ones_are_refused_by_name(models):
+    from transformers import StaticCache
+
+    target, _ = models("mistral")
+    cache = StaticCache(config=target.config, max_cache_len=32)
+    with pytest.raises(ValueError, match="StaticSlidingWindowLayer"):
+        TreeWindows.of(target.config, cache)
