@@ -45,8 +45,13 @@ FAMILIES = {
     "opt": lambda: tf.OPTConfig(hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4,
                                 word_embed_proj_dim=32),
     "falcon": lambda: tf.FalconConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4),
+    "gptj": lambda: tf.GPTJConfig(n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=256),
+    "gpt_bigcode": lambda: tf.GPTBigCodeConfig(n_embd=32, n_layer=2, n_head=4, n_positions=256),  # multi-query
+    "phi": lambda: tf.PhiConfig(**SMALL),
+    "cohere": lambda: tf.CohereConfig(**SMALL, logit_scale=0.5),
+    "starcoder2": lambda: tf.Starcoder2Config(**SMALL, sliding_window=WINDOW),
 }
-SLIDING = ("mistral", "phi3", "gemma2", "gemma3_text")
+SLIDING = ("mistral", "phi3", "gemma2", "gemma3_text", "starcoder2")
 
 
 def tiny(family: str, seed: int) -> torch.nn.Module:
@@ -157,6 +162,19 @@ def test_captured_last_state_through_the_final_norm_gives_the_logits(models, fam
     torch.testing.assert_close(rebuilt, logits, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("config, reason", [
+    (lambda: tf.BloomConfig(hidden_size=32, n_layer=2, n_head=4), "takes no position_ids"),
+    (lambda: tf.FalconConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, alibi=True), "uses ALiBi"),
+], ids=["bloom", "falcon_alibi"])
+def test_models_that_take_positions_from_the_mask_are_refused_by_name(config, reason):
+    made = config()
+    made.vocab_size = VOCAB
+    model = hf_treespec.enable(tf.AutoModelForCausalLM.from_config(made).eval())
+    with pytest.raises(ValueError, match=f"The target model .*{reason}"):
+        model.generate(torch.randint(0, VOCAB, (1, 5)), max_new_tokens=4, do_sample=False, assistant_model=model,
+                       tree_policy="chain")
+
+
 def test_encoder_decoder_models_are_refused_by_name():
     config = tf.T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4,
                          decoder_start_token_id=0, pad_token_id=0, eos_token_id=None)
@@ -167,7 +185,7 @@ def test_encoder_decoder_models_are_refused_by_name():
         TreeSpecDrafterConfig.for_target(config)
 
 
-@pytest.mark.parametrize("family", ["gemma2", "granite", "gpt_neox", "opt"])
+@pytest.mark.parametrize("family", ["gemma2", "granite", "cohere", "gpt_neox", "opt"])
 def test_target_head_recomputes_the_targets_log_probs(models, family):
     """Soft labels of drafter training: the final norm, LM head and the logit soft-capping / scaling of the family."""
     from hf_treespec.trainers import TargetHead

@@ -75,10 +75,10 @@ def tree_speculative_decoding(
             model, input_ids, logits_processor, stopping_criteria, generation_config,
             streamer=streamer, assistant_model=assistant_model, **model_kwargs,
         )
+    check_tree_attention(model, role="target model")
     drafter = check_drafter(model, assistant_model)
     policy, verifier = resolve(generation_config, drafter)
     speed = auto_speed_model(model, drafter, policy, generation_config)
-    check_tree_attention(model, role="target model")
     cache = model_kwargs.get(CACHE_KWARG)
     if cache is None:
         raise ValueError("tree speculation needs use_cache=True.")
