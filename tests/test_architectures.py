@@ -287,3 +287,27 @@ def test_sliding_layers_other_than_dynamic_ones_are_refused_by_name(models):
     cache = StaticCache(config=target.config, max_cache_len=32)
     with pytest.raises(ValueError, match="StaticSlidingWindowLayer"):
         TreeWindows.of(target.config, cache)
+
+
+def test_multimodal_model_decodes_text_prompts_and_refuses_images():
+    """Gemma 3 with a vision tower: a text-only prompt goes through its text decoder losslessly; pixel values (which
+    the tree forwards would drop) are refused by name."""
+    text = dict(SMALL, head_dim=8, sliding_window=WINDOW, vocab_size=VOCAB + 4,
+                layer_types=["sliding_attention", "full_attention"], bos_token_id=None, eos_token_id=None,
+                pad_token_id=None)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, image_size=28,
+                  patch_size=14)
+    config = tf.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                             boi_token_index=VOCAB + 1, eoi_token_index=VOCAB + 2, image_token_index=VOCAB + 3)
+    torch.manual_seed(0)
+    model = hf_treespec.enable(tf.Gemma3ForConditionalGeneration(config).eval())
+    ids = prompts("gemma3_text")[0]
+    plain = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False)
+    drafter = TreeSpecDrafterModel(TreeSpecDrafterConfig.for_target(model.config)).eval()
+    for assistant in (perturbed(model), drafter):
+        out = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, assistant_model=assistant,
+                             tree_policy="eagle2")
+        assert torch.equal(out, plain)
+    with pytest.raises(ValueError, match=r"the model inputs \[.*\] would be ignored"):
+        model.generate(ids, pixel_values=torch.zeros(1, 3, 28, 28), max_new_tokens=4, do_sample=False,
+                       assistant_model=drafter, tree_policy="chain")

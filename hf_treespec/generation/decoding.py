@@ -19,7 +19,8 @@ from ..tree import DraftTree
 from ..window import prepare, refuse_in_batch, tree_inputs
 from .batched import batched_tree_decoding
 from .components import (
-    TreeSpecGenerateOutput, auto_speed_model, check_decoder_only, check_drafter, check_no_beams, on_path, resolve,
+    TreeSpecGenerateOutput, auto_speed_model, check_decoder_only, check_drafter, check_no_beams, check_text_only,
+    on_path, resolve,
 )
 from .draft_source import WarpedDraftSource
 from .processors import process_tree_logits
@@ -61,6 +62,7 @@ def tree_speculative_decoding(
     """The tree-speculative decoding loop (``generate``'s decoding-method inputs and outputs; entry: ``tree_generate``)."""
     check_no_beams(generation_config)  # before the batch check: generate has already expanded the prompt into beams
     check_decoder_only(model)
+    check_text_only(model_kwargs)
     if input_ids.shape[1] == 0:
         raise ValueError("tree speculation needs a non-empty prompt.")
     if generation_config.output_attentions or generation_config.output_hidden_states:
