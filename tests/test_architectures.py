@@ -311,3 +311,25 @@ def test_multimodal_model_decodes_text_prompts_and_refuses_images():
     with pytest.raises(ValueError, match=r"the model inputs \[.*\] would be ignored"):
         model.generate(ids, pixel_values=torch.zeros(1, 3, 28, 28), max_new_tokens=4, do_sample=False,
                        assistant_model=drafter, tree_policy="chain")
+
+
+def test_auto_budget_calibrates_and_decodes_a_hybrid_sliding_window_target(models, monkeypatch, tmp_path):
+    """tree_budget="auto" measures the target's cost curve with tree forwards: over full-length layers, as the loop
+    runs them (a sliding layer's window-wide keys would not match the tree mask)."""
+    monkeypatch.setenv("HF_TREESPEC_CACHE", str(tmp_path))
+    target, drafters = models("gemma2")
+    ids = prompts("gemma2")[0]
+    plain = target.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False)
+    out = target.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, assistant_model=drafters["causal_lm"],
+                          tree_policy="salf", tree_budget="auto")
+    assert torch.equal(out, plain)
+
+
+def test_training_trees_over_a_sliding_window_target_are_refused_by_name(models):
+    from transformers import DynamicCache
+
+    from hf_treespec.trainers.target_trees import grow_target_trees
+
+    target, _ = models("mistral")
+    with pytest.raises(ValueError, match="sliding-window attention .*--tree-policy none"):
+        grow_target_trees(target, DynamicCache(config=target.config), [], policy=None)

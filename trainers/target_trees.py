@@ -118,6 +118,13 @@ def grow_target_trees(
 
     ``cache`` holds the sequence forward of the batch (right-padded rows; it is extended with the tree rows).
     """
+    sliding = sorted({type(layer).__name__ for layer in cache.layers if getattr(layer, "is_sliding", False)})
+    if sliding:
+        raise ValueError(
+            f"{type(model).__name__} has sliding-window attention ({', '.join(sliding)} cache layers): growing "
+            "target trees for TALF / GTO data over it is not supported (a window layer drops the rows the tree "
+            "columns index). Prepare flat data (--tree-policy none) and train with EAGLE or HASS."
+        )
     vocab = model.config.get_text_config().vocab_size
     states = [_Growing(root, ReplaySource(vocab)) for root in roots]
     pending = list(states)
