@@ -132,11 +132,17 @@ def tree_inputs(kv, tree, nodes: torch.Tensor, dtype: torch.dtype, device, windo
     return ids, positions, windows.masks(mask, positions[0], keys)
 
 
+def sliding_layers(cache) -> list[str]:
+    """Class names of the sliding-window layers of ``cache`` (empty when none, or no cache): what code that appends
+    tree rows to a cache it did not widen with `prepare` must refuse."""
+    return [type(layer).__name__ for layer in getattr(cache, "layers", ()) if getattr(layer, "is_sliding", False)]
+
+
 def refuse_in_batch(cache) -> None:
     """Batched tree speculation keeps rows of different lengths in one cache, with masked holes between a row's
     tokens and its tree: a window counted in cache columns (as plain batched ``generate`` counts it, left padding
     included) cannot be reproduced there, so sliding-window targets are refused by name."""
-    sliding = [type(layer).__name__ for layer in getattr(cache, "layers", ()) if getattr(layer, "is_sliding", False)]
+    sliding = sliding_layers(cache)
     if sliding:
         raise ValueError(
             f"Batched tree speculation does not support sliding-window attention (the target's cache has "

@@ -30,6 +30,7 @@ from hf_treespec.compat import CACHE_KWARG
 from hf_treespec.features import capture_hidden_states
 from hf_treespec.policies import DraftSource, StepContext, TreePolicy
 from hf_treespec.tree import DraftTree
+from hf_treespec.window import sliding_layers
 
 
 class NeedLogprobs(Exception):
@@ -118,7 +119,7 @@ def grow_target_trees(
 
     ``cache`` holds the sequence forward of the batch (right-padded rows; it is extended with the tree rows).
     """
-    sliding = sorted({type(layer).__name__ for layer in cache.layers if getattr(layer, "is_sliding", False)})
+    sliding = sorted(set(sliding_layers(cache)))
     if sliding:
         raise ValueError(
             f"{type(model).__name__} has sliding-window attention ({', '.join(sliding)} cache layers): growing "
