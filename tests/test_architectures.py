@@ -50,8 +50,10 @@ FAMILIES = {
     "phi": lambda: tf.PhiConfig(**SMALL),
     "cohere": lambda: tf.CohereConfig(**SMALL, logit_scale=0.5),
     "starcoder2": lambda: tf.Starcoder2Config(**SMALL, sliding_window=WINDOW),
+    "qwen2_sliding": lambda: tf.Qwen2Config(**SMALL, use_sliding_window=True, sliding_window=WINDOW,
+                                            max_window_layers=1),  # full layer first, then sliding
 }
-SLIDING = ("mistral", "phi3", "gemma2", "gemma3_text", "starcoder2")
+SLIDING = ("mistral", "phi3", "gemma2", "gemma3_text", "starcoder2", "qwen2_sliding")
 
 
 def tiny(family: str, seed: int) -> torch.nn.Module:
