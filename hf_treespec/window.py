@@ -128,7 +128,8 @@ def tree_inputs(kv, tree, nodes: torch.Tensor, dtype: torch.dtype, device, windo
     ``position_ids`` and the mask (or the dict of masks) of a tree forward, on ``device``; one host-device copy."""
     if windows is None:
         return kv.inputs_for(tree, nodes, dtype, device=device)
-    ids, positions, mask, keys = kv.inputs_for(tree, nodes, dtype, device=device, extra=(kv.key_positions(tree, nodes),))
+    keys = kv.key_positions(tree, nodes)
+    ids, positions, mask, keys = kv.inputs_for(tree, nodes, dtype, device=device, extra=(keys,))
     return ids, positions, windows.masks(mask, positions[0], keys)
 
 

@@ -258,7 +258,8 @@ def test_talf_trained_feature_drafter_for_a_non_llama_target_decodes_losslessly(
 
 def test_for_target_reads_per_layer_type_rope_and_sizes_the_mlp_of_gpt_style_targets():
     gemma3 = TreeSpecDrafterConfig.for_target(FAMILIES["gemma3_text"]())
-    assert gemma3.rope_parameters["rope_theta"] == FAMILIES["gemma3_text"]().rope_parameters["full_attention"]["rope_theta"]
+    full_attention = FAMILIES["gemma3_text"]().rope_parameters["full_attention"]
+    assert gemma3.rope_parameters["rope_theta"] == full_attention["rope_theta"] != 10000.0
     assert TreeSpecDrafterConfig.for_target(FAMILIES["gpt2"]()).intermediate_size == 4 * 32
 
 
