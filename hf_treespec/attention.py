@@ -7,7 +7,10 @@ express tree masks and flex-attention needs a BlockMask. So we always build floa
 
 from __future__ import annotations
 
+import inspect
+
 import torch
+from transformers import PreTrainedModel
 
 TREE_MASK_ATTENTION = ("sdpa", "eager")
 
@@ -19,7 +22,30 @@ def float_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return mask[None, None]
 
 
+def check_tree_positions(model: torch.nn.Module, role: str = "model") -> None:
+    """Tree nodes sit at their depth's position, not at their cache column: a model must take ``position_ids``, and
+    one whose positions come from the mask instead (ALiBi: Bloom, MPT, Falcon with ``alibi``) is refused by name."""
+    if not isinstance(model, PreTrainedModel):
+        return
+    text = model.config.get_text_config(decoder=True)
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model  # the transformers module, even wrapped
+    takes_positions = "position_ids" in inspect.signature(decoder.forward).parameters
+    if not takes_positions or getattr(text, "alibi", False):
+        why = "uses ALiBi" if takes_positions else "takes no position_ids"
+        raise ValueError(
+            f"The {role} ({type(model).__name__}) {why}: it derives token positions from a 2D attention mask, so "
+            "a tree's nodes cannot be placed at their depth. Decode it without tree_policy."
+        )
+
+
 def check_tree_attention(model: torch.nn.Module, role: str = "model") -> None:
+    """Switches a model whose attention cannot take a 4D float mask to sdpa, or refuses with advice; refuses models
+    that cannot take tree positions (`check_tree_positions`)."""
+    check_mask_attention(model, role)
+    check_tree_positions(model, role)
+
+
+def check_mask_attention(model: torch.nn.Module, role: str = "model") -> None:
     """Switches a model whose attention cannot take a 4D float mask to sdpa, or refuses with advice."""
     config = getattr(model, "config", None)
     impl = getattr(config, "_attn_implementation", None)

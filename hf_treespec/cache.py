@@ -145,6 +145,15 @@ class TreeKV:
         positions = torch.cat([torch.arange(root - num_pending, root), root + tree.depth[nodes]])
         return torch.cat([self.pending, tree.tokens[nodes]]), positions, visible
 
+    def key_positions(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
+        """Host position id of every key column of the forward ``inputs_for(tree, nodes)`` builds (committed rows,
+        pending chain, earlier tree rows, the new nodes): what a distance-dependent mask (a sliding window) needs. A
+        pruned tree row, which no query sees, gets the root's position."""
+        rows = self._row_index(tree).clamp(min=0) if self._row_uids.numel() else self._row_uids
+        before, root = self.committed + int(self.pending.numel()), self.root_position
+        depth = tree.depth.cpu()
+        return torch.cat([torch.arange(before), root + depth[rows], root + depth[nodes.cpu()]])
+
     def fed(self, tree: DraftTree, nodes: torch.Tensor) -> None:
         """Records that pending tokens and ``nodes`` were just appended to the cache."""
         self.committed += int(self.pending.numel())

@@ -166,6 +166,7 @@ def calibrate_target(
     from transformers import DynamicCache
 
     from .compat import CACHE_KWARG
+    from .window import prepare
 
     device, dtype = next(model.parameters()).device, model.dtype
     vocab = int(model.config.get_text_config().vocab_size)
@@ -173,6 +174,7 @@ def calibrate_target(
     seconds = []
     for context in contexts:
         cache = DynamicCache(config=model.config)
+        prepare(model, cache)  # sliding layers full-length, as the tree loop runs them (the window costs no time here)
         prefix = torch.randint(0, vocab, (1, context), generator=gen).to(device)
         model(input_ids=prefix, use_cache=True, logits_to_keep=1, **{CACHE_KWARG: cache})
         row = []

@@ -11,24 +11,51 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hf_treespec.features import decoder_parts
+from hf_treespec.features import capture_hidden_states, final_norm
 
 
 class TargetHead(nn.Module):
-    """The target's final norm + LM head, frozen: ``log_softmax(lm_head(norm(h)))`` over the draft vocabulary."""
+    """The target's final norm + LM head, frozen: ``log_softmax(lm_head(norm(h)))`` over the draft vocabulary, with
+    the output transform of architectures whose logits are not the LM head's output (``final_logit_softcapping`` of
+    Gemma 2 / 3, ``logits_scaling`` of Granite, ``logit_scale`` of Cohere: public config fields, elementwise, so they
+    also hold on a draft-vocabulary slice)."""
 
-    def __init__(self, norm: nn.Module, lm_head: nn.Module):
+    def __init__(self, norm: nn.Module, lm_head: nn.Module, softcap: float | None = None, scale: float = 1.0):
         super().__init__()
         self.norm, self.lm_head = norm, lm_head
+        self.softcap, self.scale = softcap, scale
         self.requires_grad_(False)
 
     @classmethod
     def from_target(cls, model: nn.Module) -> "TargetHead":
-        norm, _ = decoder_parts(model)
+        """The head of ``model``, checked on a short probe against the model's own log-probs: an architecture whose
+        logits differ from this head in another way is refused by name rather than trained on wrong labels."""
+        norm = final_norm(model)
         head = model.get_output_embeddings()
         if head is None or getattr(head, "bias", None) is not None:
             raise ValueError("the target needs a bias-free LM head (get_output_embeddings) to recompute soft labels.")
-        return cls(norm, head)
+        text = model.config.get_text_config(decoder=True)
+        scale = float(getattr(text, "logit_scale", None) or 1.0) / float(getattr(text, "logits_scaling", None) or 1.0)
+        made = cls(norm, head, softcap=getattr(text, "final_logit_softcapping", None), scale=scale)
+        made._check_against(model)
+        return made
+
+    @torch.no_grad()
+    def _check_against(self, model: nn.Module) -> None:
+        vocab = int(model.config.get_text_config(decoder=True).vocab_size)
+        ids = torch.arange(4, device=self.lm_head.weight.device).remainder(vocab)[None]
+        training = model.training
+        try:
+            with capture_hidden_states(model.eval(), [-1]) as states:
+                expected = torch.log_softmax(model(input_ids=ids, use_cache=False).logits.float(), dim=-1)
+        finally:
+            model.train(training)
+        if not torch.allclose(self.log_probs(states.hidden_states), expected, atol=1e-2, rtol=1e-2):
+            raise ValueError(
+                f"{type(model).__name__}'s logits are not its LM head over its final norm (with the soft-capping / "
+                "scaling its config declares), so soft labels cannot be recomputed from its stored hidden states; "
+                "this architecture is not supported for drafter training."
+            )
 
     @torch.no_grad()
     def log_probs(self, hidden: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
@@ -38,6 +65,10 @@ class TargetHead(nn.Module):
         if rows is not None:
             weight = weight.index_select(0, rows.to(weight.device))
         logits = F.linear(self.norm(hidden.to(weight.dtype)), weight)
+        if self.scale != 1.0:
+            logits = logits * self.scale
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
         return torch.log_softmax(logits.float(), dim=-1)
 
 

@@ -54,6 +54,7 @@ from hf_treespec.policies.nde import SCALAR_FEATURES, Action, action_space, root
 from hf_treespec.randomness import Randomness
 from hf_treespec.tree import DraftTree
 from hf_treespec.verifiers import VERIFIERS
+from hf_treespec.window import sliding_layers
 
 from .latency import LatencyModel, measure_latency
 from .nde_stats import ActionStats, action_stats
@@ -153,10 +154,15 @@ class TargetOracle:
 
     def __init__(self, model, processors: LogitsProcessorList, cache: DynamicCache, committed: int,
                  prefix_ids: torch.Tensor):
-        softcap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
-        if softcap:
-            raise ValueError("nde-data computes logits from the decoder's last state with the LM head; models with "
-                             "final logit soft-capping are not supported.")
+        text = model.config.get_text_config()
+        transforms = [name for name in ("final_logit_softcapping", "logits_scaling", "logit_scale")
+                      if getattr(text, name, None) not in (None, 1, 1.0)]
+        if transforms:
+            raise ValueError("nde-data computes logits from the decoder's last state with the LM head; models whose "
+                             f"logits are transformed after it ({', '.join(transforms)}) are not supported.")
+        if sliding_layers(cache):
+            raise ValueError(f"nde-data grows tries over the target's cache; {type(model).__name__}'s sliding-window "
+                             "layers drop the rows the trie attends to, so sliding-window targets are not supported.")
         self.model, self.processors, self.cache = model, processors, cache
         self.committed, self.prefix_ids = committed, prefix_ids
         self._trie: DraftTree | None = None

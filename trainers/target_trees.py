@@ -30,6 +30,7 @@ from hf_treespec.compat import CACHE_KWARG
 from hf_treespec.features import capture_hidden_states
 from hf_treespec.policies import DraftSource, StepContext, TreePolicy
 from hf_treespec.tree import DraftTree
+from hf_treespec.window import sliding_layers
 
 
 class NeedLogprobs(Exception):
@@ -118,6 +119,13 @@ def grow_target_trees(
 
     ``cache`` holds the sequence forward of the batch (right-padded rows; it is extended with the tree rows).
     """
+    sliding = sorted(set(sliding_layers(cache)))
+    if sliding:
+        raise ValueError(
+            f"{type(model).__name__} has sliding-window attention ({', '.join(sliding)} cache layers): growing "
+            "target trees for TALF / GTO data over it is not supported (a window layer drops the rows the tree "
+            "columns index). Prepare flat data (--tree-policy none) and train with EAGLE or HASS."
+        )
     vocab = model.config.get_text_config().vocab_size
     states = [_Growing(root, ReplaySource(vocab)) for root in roots]
     pending = list(states)

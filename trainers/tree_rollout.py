@@ -29,6 +29,7 @@ from hf_treespec.compat import CACHE_KWARG, output_cache
 from hf_treespec.policies import TreePolicy
 from hf_treespec.step_context import StepContext
 from hf_treespec.tree import DraftTree
+from hf_treespec.window import sliding_layers
 
 from .target_trees import NeedLogprobs, ReplaySource
 
@@ -234,6 +235,10 @@ def score_trees(
     keep = torch.unique(positions)
     out = target(input_ids=ids, attention_mask=attention, use_cache=True, logits_to_keep=keep.to(device))
     cache = output_cache(out)
+    if sliding_layers(cache):
+        raise ValueError(f"GTO scores trees with target forwards over the prefix cache; {type(target).__name__}'s "
+                         "sliding-window layers drop the rows those trees attend to, so sliding-window targets are "
+                         "not supported by GTO.")
     where = torch.searchsorted(keep, positions)
     root_logits = out.logits[rows.to(device), where.to(device)]  # [P, V]
     results: list[NodeAcceptance | None] = [None] * len(trees)

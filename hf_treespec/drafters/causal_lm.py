@@ -10,6 +10,7 @@ from ..cache import TreeKV
 from ..compat import CACHE_KWARG
 from ..stacked_kv import RowRequest, stack_rows, unstack_new_rows
 from ..tree import DraftTree
+from ..window import TreeWindows, prepare, tree_inputs
 from .base import DRAFTER_ADAPTERS, Drafter, TargetFeatures
 
 
@@ -21,6 +22,7 @@ class CausalLMDrafter(Drafter):
         check_tree_attention(model, role="drafter")
         self.model = model
         self.kv: TreeKV | None = None
+        self.windows: TreeWindows | None = None
 
     @classmethod
     def accepts(cls, model) -> bool:
@@ -37,12 +39,14 @@ class CausalLMDrafter(Drafter):
 
     @torch.no_grad()
     def start(self, prefix_ids, features: TargetFeatures | None = None) -> None:
-        self.kv = TreeKV(DynamicCache(config=self.model.config))
+        cache = DynamicCache(config=self.model.config)
+        self.windows = prepare(self.model, cache, role="drafter")  # sliding layers full-length, window in the mask
+        self.kv = TreeKV(cache)
         self.kv.pending = prefix_ids.long().cpu()
 
     @torch.no_grad()
     def expand(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
-        ids, positions, mask = self.kv.inputs_for(tree, nodes, self._dtype, device=self.model.device)
+        ids, positions, mask = tree_inputs(self.kv, tree, nodes, self._dtype, self.model.device, self.windows)
         num_nodes = int(nodes.numel())
         out = self.model(
             input_ids=ids,
@@ -60,10 +64,10 @@ class CausalLMDrafter(Drafter):
     @classmethod
     @torch.no_grad()
     def expand_rows(cls, requests: list[tuple["CausalLMDrafter", DraftTree, torch.Tensor]]) -> list[torch.Tensor]:
-        """Every row's nodes in ONE forward over the rows' stacked caches (`hf_treespec.stacked_kv`)."""
-        if len(requests) == 1:
-            drafter, tree, nodes = requests[0]
-            return [drafter.expand(tree, nodes)]
+        """Every row's nodes in ONE forward over the rows' stacked caches (`hf_treespec.stacked_kv`). A drafter with
+        sliding-window layers expands row by row (its windows live in each row's own mask)."""
+        if len(requests) == 1 or any(drafter.windows is not None for drafter, _, _ in requests):
+            return super().expand_rows(requests)
         model = requests[0][0].model
         stacked = stack_rows([RowRequest(d.kv, *d.kv.host_inputs(tree, nodes)) for d, tree, nodes in requests],
                              model.dtype, model.device)

@@ -33,7 +33,7 @@ from typing import Any, Callable
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..features import decoder_parts
+from ..features import final_norm as target_final_norm
 from .feature import TreeSpecDrafterConfig, TreeSpecDrafterModel, vocab_mask
 
 EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -132,7 +132,7 @@ def _import_eagle1(config, state, target, target_layers, dtype) -> TreeSpecDraft
     hidden = state["fc.weight"].shape[0]
     if tuple(state["fc.weight"].shape) != (hidden, 2 * hidden):
         raise ValueError(f"EAGLE-1 fc.weight must be [H, 2H], got {tuple(state['fc.weight'].shape)}.")
-    final_norm, _ = decoder_parts(target)
+    final_norm = target_final_norm(target)
     eps = getattr(final_norm, "variance_epsilon", getattr(final_norm, "eps", None))
     drafter_config = TreeSpecDrafterConfig(
         **_llama_fields(config),

@@ -163,10 +163,24 @@ class TreeSpecDrafterConfig(PretrainedConfig):
 
     @classmethod
     def for_target(cls, target_config: PretrainedConfig, **overrides: Any) -> "TreeSpecDrafterConfig":
-        """A drafter config with the target's vocabulary, geometry and RoPE (one decoder layer), then ``overrides``."""
+        """A drafter config with the target's vocabulary, geometry and RoPE (one decoder layer), then ``overrides``.
+
+        The drafter's layer is Llama-style whatever the target's family: fields the target's config does not name
+        keep the drafter's defaults, except the MLP width (4 x hidden, the GPT-2 / OPT ratio, when the target has
+        no ``intermediate_size``); a RoPE given per layer type (Gemma 3) is the full-attention layers' one."""
+        if getattr(target_config, "is_encoder_decoder", False):
+            raise ValueError(
+                f"{type(target_config).__name__} describes an encoder-decoder model: feature drafters read a "
+                "decoder-only causal LM's hidden states."
+            )
         text = target_config.get_text_config()
         fields = {name: copy.deepcopy(getattr(text, name)) for name in _TARGET_FIELDS if hasattr(text, name)}
-        fields["rope_parameters"] = copy.deepcopy(getattr(text, "rope_parameters", None))
+        rope = copy.deepcopy(getattr(text, "rope_parameters", None))
+        if isinstance(rope, dict) and isinstance(rope.get("full_attention"), dict):
+            rope = rope["full_attention"]
+        fields["rope_parameters"] = rope
+        if fields.get("intermediate_size") is None:
+            fields["intermediate_size"] = 4 * int(text.hidden_size)
         fields["target_hidden_size"] = text.hidden_size
         fields["num_hidden_layers"] = 1
         fields.update(overrides)

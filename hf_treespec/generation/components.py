@@ -78,6 +78,44 @@ def resolve(generation_config: GenerationConfig, drafter: Drafter | None = None)
     return policy, verifier_cls()
 
 
+def check_decoder_only(model: torch.nn.Module) -> None:
+    """Tree speculation feeds the tree through the model's own causal cache; an encoder-decoder model's generate
+    state (encoder outputs, cross-attention cache) is not that, so it is refused by name."""
+    if getattr(model.config, "is_encoder_decoder", False):
+        raise ValueError(
+            f"{type(model).__name__} is an encoder-decoder model: tree speculation needs a decoder-only causal LM "
+            "(AutoModelForCausalLM). Drop tree_policy for this model."
+        )
+
+
+# what generate hands a decoding loop for a text prompt (both cache names: the keyword moved in transformers 5.24)
+TEXT_MODEL_KWARGS = frozenset(
+    {"attention_mask", "cache", "past_key_values", "cache_position", "logits_to_keep", "position_ids", "use_cache"}
+)
+
+
+def check_text_only(model_kwargs: dict) -> None:
+    """The loops feed token ids and tree positions only: any other model input (a multimodal model's images or
+    audio, token types, input embeddings) would be silently dropped, so it is refused by name."""
+    extra = sorted(key for key, value in model_kwargs.items() if _given(value) and key not in TEXT_MODEL_KWARGS)
+    if extra:
+        raise ValueError(
+            f"tree speculation feeds token ids only; the model inputs {extra} would be ignored by its forwards. "
+            "Decode inputs with images, audio or embeddings without tree_policy (a multimodal model's text-only "
+            "prompts are supported)."
+        )
+
+
+def _given(value) -> bool:
+    """Whether a model input carries something: not None, and not an empty container (generate passes a text-only
+    prompt's multimodal encoder outputs as ``{}`` from 5.24 on)."""
+    if isinstance(value, dict):
+        return any(_given(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_given(v) for v in value)
+    return value is not None
+
+
 def check_drafter(target: torch.nn.Module, assistant: torch.nn.Module | None) -> Drafter:
     if assistant is None:
         raise ValueError(

@@ -9,15 +9,18 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
 from ..attention import check_tree_attention
-from ..cache import TreeKV
+from ..cache import TreeKV, keep_rows
 from ..compat import CACHE_KWARG
 from ..drafters.base import TargetFeatures
 from ..features import capture_hidden_states
 from ..step_context import DecodingSetup, StepContext, StepOutcome, sampling_params
 from ..timing import Clock, RunningMean
 from ..tree import DraftTree
+from ..window import prepare, refuse_in_batch, tree_inputs
 from .batched import batched_tree_decoding
-from .components import TreeSpecGenerateOutput, check_drafter, check_no_beams, resolve
+from .components import (
+    TreeSpecGenerateOutput, check_decoder_only, check_drafter, check_no_beams, check_text_only, resolve,
+)
 from .draft_source import WarpedDraftSource
 from .processors import process_tree_logits
 from .stopping import tokens_before_stop
@@ -57,6 +60,8 @@ def tree_speculative_decoding(
 ):
     """The tree-speculative decoding loop (``generate``'s decoding-method inputs and outputs; entry: ``tree_generate``)."""
     check_no_beams(generation_config)  # before the batch check: generate has already expanded the prompt into beams
+    check_decoder_only(model)
+    check_text_only(model_kwargs)
     if input_ids.shape[1] == 0:
         raise ValueError("tree speculation needs a non-empty prompt.")
     if generation_config.output_attentions or generation_config.output_hidden_states:
@@ -66,17 +71,19 @@ def tree_speculative_decoding(
         )
     mask = model_kwargs.get("attention_mask")
     if input_ids.shape[0] != 1 or (mask is not None and not bool(mask.all())):
+        refuse_in_batch(model_kwargs.get(CACHE_KWARG))
         return batched_tree_decoding(
             model, input_ids, logits_processor, stopping_criteria, generation_config,
             streamer=streamer, assistant_model=assistant_model, **model_kwargs,
         )
+    check_tree_attention(model, role="target model")
     drafter = check_drafter(model, assistant_model)
     policy, verifier = resolve(generation_config, drafter)
     policy.setup(DecodingSetup(model, drafter, *sampling_params(generation_config)))
-    check_tree_attention(model, role="target model")
     cache = model_kwargs.get(CACHE_KWARG)
     if cache is None:
         raise ValueError("tree speculation needs use_cache=True.")
+    windows = prepare(model, cache, role="target model")  # sliding layers made full-length; windows in the masks
 
     do_sample = generation_config.do_sample
     want_dict = generation_config.return_dict_in_generate
@@ -167,7 +174,7 @@ def tree_speculative_decoding(
     def verify_tree(tree: DraftTree, since: float):
         """One target forward over the whole tree (4D tree mask), verified; the cache keeps the accepted path."""
         nodes = torch.arange(tree.num_nodes)  # the tree is host bookkeeping; one copy of the forward's inputs
-        ids, positions, mask4d = target_kv.inputs_for(tree, nodes, mask_dtype, device=device)
+        ids, positions, mask4d = tree_inputs(target_kv, tree, nodes, mask_dtype, device, windows)
         out, states = target_forward(since, input_ids=ids, position_ids=positions, attention_mask=mask4d)
         target_kv.fed(tree, nodes)
         raw = out.logits[0].float()
@@ -219,6 +226,11 @@ def tree_speculative_decoding(
         accepted_lengths.append(count)
         context = step_context(states, processed[-1], int(accepted[-1]), int(new_tokens[count - 1]))
 
+    # the cache as plain generate leaves it: the rows of sequences[:, :-1] (an accepted chunk cut by a stopping
+    # criterion left rows of tokens that are not in the output)
+    keep_rows(cache, input_ids.shape[1] - 1, torch.zeros(0, dtype=torch.long))
+    if windows is not None:
+        windows.restore(cache)
     if streamer is not None:
         streamer.end()
     if not want_dict:
