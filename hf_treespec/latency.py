@@ -286,11 +286,18 @@ class SpeedModel:
 
     def step_mode(self, context: int) -> str:
         """``"probe"`` within a probe (draft at least one node, to refresh the acceptance, drafter-cost and gain
-        estimates); ``"skip"`` (no drafter at all) while `drafting_loses`; else ``"size"``: the per-step cost rule
-        decides (it may still draft nothing)."""
+        estimates); ``"skip"`` (no drafter at all) while `drafting_loses`, and for a batch until its first probe;
+        else ``"size"``: the per-step cost rule decides (it may still draft nothing).
+
+        A batch drafts first in a probe, budgeted by time like every re-probe: before any drafted step the cost rule
+        sizes a batch's trees on the curve's price of ``batch x n`` rows, which a ``[batch, n]`` forward exceeds
+        (1.2-3x measured on a 2-core CPU at batch 4-64), and every drafted step of a batch widens every row's
+        forward; exploring there unbudgeted cost a short batched run ~10%."""
         if self._probing(context):
             return "probe"
-        return "skip" if self.drafting_loses() else "size"
+        if self.drafting_loses() or (self.batch > 1 and self.gain.count == 0):
+            return "skip"
+        return "size"
 
     def observe_step(self, *, tree_scores: torch.Tensor, on_path: torch.Tensor, rows: int, context: int,
                      draft_seconds: float, draft_forwards: int, verify_seconds: float, tokens: int,
@@ -337,12 +344,18 @@ class SpeedModel:
 def speed_model_for(model: torch.nn.Module, key: tuple, cache_dir: str | Path | None = None,
                     batch: int = 1, batched_drafting: bool = False) -> SpeedModel:
     """The `SpeedModel` of ``model`` for ``key`` (drafter, sampling settings ...), kept on the model instance so it
-    keeps learning across ``generate`` calls; the cost curve is shared per (dtype, device, threads)."""
+    keeps learning across ``generate`` calls. The cost curve is shared per (dtype, device, threads, batch size): a
+    batch's steps teach it what ``[batch, n]`` forwards cost, which is more than ``batch x n`` rows of one sequence
+    (every sequence reads its own KV cache; `hf_treespec.cost_curve.calibrate_batches` measures the gap), so each batch
+    size refines its own copy of the calibrated curve and never skews the one-sequence curve."""
     store = model.__dict__.setdefault("_treespec_speed_models", {})
     curve_key = ("curve", str(model.dtype), str(next(model.parameters()).device), torch.get_num_threads())
     if curve_key not in store:
         store[curve_key] = load_or_calibrate(model, cache_dir)
+    batch_key = (*curve_key, batch)
+    if batch_key not in store:
+        store[batch_key] = store[curve_key] if batch == 1 else CostCurve.from_json(store[curve_key].to_json())
     full_key = (curve_key, *key, batch)
     if full_key not in store:
-        store[full_key] = SpeedModel(store[curve_key], batch=batch, batched_drafting=batched_drafting)
+        store[full_key] = SpeedModel(store[batch_key], batch=batch, batched_drafting=batched_drafting)
     return store[full_key]

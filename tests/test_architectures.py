@@ -21,7 +21,7 @@ from hf_treespec.window import TreeWindows
 torch.set_num_threads(1)
 
 VOCAB, WINDOW, NEW_TOKENS = 96, 8, 16
-POLICIES = ("chain", "eagle2", "salf", "optimal")
+POLICIES = ("chain", "eagle2", "salf", "optimal", "static")
 SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
 
 # family -> config (tiny; no special token ids, so no prompt token is taken for padding or EOS)

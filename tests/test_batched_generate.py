@@ -6,6 +6,8 @@ steps; the returned cache must continue plain ``generate`` for every row; sampli
 test.
 """
 
+import copy
+
 import pytest
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
@@ -254,14 +256,21 @@ def test_could_pay_bounds_every_tree():
 
     sizes = [1, 2, 4, 8, 16, 32, 64, 128]
     flat = CostCurve(sizes, [256], [[0.05 + 0.0001 * n for n in sizes]])
+
+    def sizing(speed: SpeedModel) -> SpeedModel:
+        """Past a batch's first probe: drafted steps measured, gaining, so the cost rule sizes trees."""
+        speed.gain.add(0.5)
+        return speed
+
     assert not TreeSizer(SpeedModel(steep_curve()), 256).could_pay()
     assert TreeSizer(SpeedModel(flat), 256).could_pay()
-    assert TreeSizer(SpeedModel(flat, batch=2), 256).could_pay()
+    assert TreeSizer(sizing(SpeedModel(flat, batch=2)), 256).could_pay()
+    assert not TreeSizer(SpeedModel(flat, batch=2), 256).could_pay()  # a batch before its first probe: no drafts
     # rows draft one after another: at batch 16 an expansion costs 16 draft forwards (4.8 one-row steps at the prior)
-    assert not TreeSizer(SpeedModel(flat, batch=16), 256).could_pay()
+    assert not TreeSizer(sizing(SpeedModel(flat, batch=16)), 256).could_pay()
     # a drafter that batches rows drafts all 16 in one forward per expansion: a tree can pay again
-    assert TreeSizer(SpeedModel(flat, batch=16, batched_drafting=True), 256).could_pay()
-    costly = SpeedModel(flat, batch=64)
+    assert TreeSizer(sizing(SpeedModel(flat, batch=16, batched_drafting=True)), 256).could_pay()
+    costly = sizing(SpeedModel(flat, batch=64))
     costly._draft.add(0.05)  # one draft forward per row costs a whole one-row step: 64 of them per expansion
     assert not TreeSizer(costly, 256).could_pay()
 
@@ -276,6 +285,46 @@ def test_batch_prices_total_rows():
     assert four.step_costs(2, 100).tolist() == pytest.approx([curve(4, 100), curve(8, 100)])
     assert four.draft_seconds(100) == pytest.approx(4 * one.draft_seconds(100))
     assert four.target_seconds(2, 100) == pytest.approx(curve(8, 100))
+    batched = SpeedModel(curve, batch=4, batched_drafting=True)  # one draft forward for all rows: priced as such
+    assert batched.draft_seconds(100) == pytest.approx(one.draft_seconds(100) * curve(4, 100) / curve(1, 100))
+
+
+def test_a_batch_drafts_first_in_a_budgeted_probe():
+    """One sequence may size trees from the first step; a batch skips the drafter until its first probe, which waits
+    (as every re-probe) for enough draft-free time to pay for it, then measures real drafted steps."""
+    from hf_treespec.cost_curve import CostCurve
+    from hf_treespec.latency import REPROBE_EVERY, SpeedModel
+
+    sizes = [1, 2, 4, 8, 16, 32, 64, 128]
+    flat = CostCurve(sizes, [256], [[0.05 + 0.0001 * n for n in sizes]])
+    assert SpeedModel(flat).step_mode(256) == "size"
+    speed = SpeedModel(CostCurve.from_json(flat.to_json()), batch=4, batched_drafting=True)
+    modes = []
+    for _ in range(400):
+        modes.append(speed.step_mode(256))
+        if modes[-1] == "probe":
+            break
+        speed.observe_step(tree_scores=torch.zeros(0), on_path=torch.zeros(0, dtype=torch.bool), rows=1, context=256,
+                           draft_seconds=0.0, draft_forwards=0, verify_seconds=0.06, tokens=4, trees=4)
+    assert modes[-1] == "probe" and set(modes[:-1]) == {"skip"} and len(modes) > REPROBE_EVERY
+
+
+def test_a_batch_learns_costs_on_its_own_copy_of_the_curve(target, monkeypatch):
+    """[batch, n] forwards cost more than batch x n rows of one sequence: what a batch observes must not reprice
+    one-sequence steps (the curve is per batch size)."""
+    from hf_treespec.cost_curve import CostCurve
+    from hf_treespec.latency import speed_model_for
+
+    curve = CostCurve(sizes=[1, 8, 64], contexts=[100], seconds=[[1.0, 2.0, 9.0]])
+    monkeypatch.setattr("hf_treespec.latency.load_or_calibrate", lambda m, cache_dir=None: curve)
+    model = copy.copy(target)
+    model.__dict__.pop("_treespec_speed_models", None)
+    single, batch = speed_model_for(model, ("k",)), speed_model_for(model, ("k",), batch=4)
+    assert single.curve is curve and batch.curve is not curve
+    for _ in range(50):
+        batch.curve.observe(4, 100, 5.0)
+    assert batch.curve(4, 100) > 4.0 and single.curve(4, 100) == pytest.approx(curve(4, 100))
+    assert speed_model_for(model, ("other",), batch=4).curve is batch.curve  # shared by every key of that batch
 
 
 def test_num_return_sequences_with_sampling(target, drafters):

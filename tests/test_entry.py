@@ -175,3 +175,12 @@ def test_feature_drafter_for_another_target_is_refused(stock, prompt, tmp_path):
     with pytest.raises(ValueError, match=r"target_layers \[5\] outside the target's 4 layers"):
         stock.generate(prompt, max_new_tokens=4, custom_generate=tree_generate, assistant_model=drafter,
                        tree_policy="salf")
+
+
+def test_tree_kwargs_are_the_policies_declared_ones():
+    """The generate kwargs come from the policies' own ``defaults``: none is missing, none is left over."""
+    from hf_treespec.generation.config import KWARG_DOCS, TREE_GENERATION_KWARGS
+    from hf_treespec.policies import POLICIES
+
+    declared = {key for name in POLICIES for key in POLICIES.get(name).defaults}
+    assert set(TREE_GENERATION_KWARGS) == declared | {"tree_policy", "verifier"} == set(KWARG_DOCS)

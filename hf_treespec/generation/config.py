@@ -7,8 +7,12 @@ from typing import Any
 
 from transformers import GenerationConfig
 
-#: generate kwarg -> meaning. All default to None (= the chosen policy's paper default).
-TREE_GENERATION_KWARGS: dict[str, str] = {
+from ..policies import POLICIES
+
+#: what each tree kwarg means. Which kwargs exist is not listed here: it is ``tree_policy``, ``verifier`` and every
+#: key a registered policy declares in its ``defaults`` (`declared_kwargs`); all default to None (= the chosen
+#: policy's paper default).
+KWARG_DOCS: dict[str, str] = {
     "tree_policy": "how the draft tree is grown: " + "see hf_treespec.list_policies()",
     "verifier": "how the target verifies it; default 'greedy' (do_sample=False) or the policy's sampling verifier",
     "tree_budget": "N, number of draft nodes per step (root excluded)",
@@ -30,6 +34,21 @@ TREE_GENERATION_KWARGS: dict[str, str] = {
     "c2t_threshold": "beta in (0, 1): 'c2t' keeps and expands a candidate whose classifier confidence exceeds it",
     "c2t_topk": "second top-k of 'c2t': at most this many candidates kept per layer (by confidence); 0 = no cap",
 }
+
+
+def declared_kwargs() -> dict[str, str]:
+    """``tree_policy``, ``verifier`` and every kwarg the registered policies declare (their ``defaults``), with its
+    description; a policy kwarg without one in `KWARG_DOCS` is a bug of that policy's registration."""
+    names = ["tree_policy", "verifier"] + sorted({key for name in POLICIES for key in POLICIES.get(name).defaults})
+    missing = [name for name in names if name not in KWARG_DOCS]
+    if missing:
+        raise RuntimeError(f"tree kwargs {missing} are declared by a policy but not described in KWARG_DOCS.")
+    return {name: KWARG_DOCS[name] for name in names}
+
+
+#: generate kwarg -> meaning, for every tree kwarg of the built-in policies (read at import: ``tree_generate``'s
+#: signature declares them, as ``custom_generate`` requires)
+TREE_GENERATION_KWARGS: dict[str, str] = declared_kwargs()
 
 
 def add_tree_kwargs(generation_config: GenerationConfig) -> None:
