@@ -163,20 +163,14 @@ def calibrate_target(
     forwards, ~8 s for SmolLM2-135M on 2 CPU cores): the cost rule sizes trees by the curve's differences between
     neighbouring row counts, which single measurements on a noisy machine get wrong (a 4-row forward measured slower
     than an 8-row one); the online refinement from real steps corrects what remains."""
-    from transformers import DynamicCache
-
     from .compat import CACHE_KWARG
-    from .window import prepare
 
     device, dtype = next(model.parameters()).device, model.dtype
     vocab = int(model.config.get_text_config().vocab_size)
     gen = torch.Generator().manual_seed(0)
     seconds = []
     for context in contexts:
-        cache = DynamicCache(config=model.config)
-        prepare(model, cache)  # sliding layers full-length, as the tree loop runs them (the window costs no time here)
-        prefix = torch.randint(0, vocab, (1, context), generator=gen).to(device)
-        model(input_ids=prefix, use_cache=True, logits_to_keep=1, **{CACHE_KWARG: cache})
+        cache = _prefilled_cache(model, 1, context, gen)
         row = []
         for rows in sizes:
             ids = torch.randint(0, vocab, (1, rows), generator=gen).to(device)
@@ -196,6 +190,22 @@ def calibrate_target(
             row.append(best)
         seconds.append(row)
     return CostCurve(list(sizes), list(contexts), seconds, model_key(model))
+
+
+def _prefilled_cache(model: torch.nn.Module, batch: int, context: int, generator: torch.Generator):
+    """A cache holding ``context`` random tokens per sequence, laid out as the tree loop runs it (sliding layers
+    full-length; the window costs no time here)."""
+    from transformers import DynamicCache
+
+    from .compat import CACHE_KWARG
+    from .window import prepare
+
+    cache = DynamicCache(config=model.config)
+    prepare(model, cache)
+    vocab = int(model.config.get_text_config().vocab_size)
+    prefix = torch.randint(0, vocab, (batch, context), generator=generator).to(next(model.parameters()).device)
+    model(input_ids=prefix, use_cache=True, logits_to_keep=1, **{CACHE_KWARG: cache})
+    return cache
 
 
 def load_or_calibrate(model: torch.nn.Module, cache_dir: str | Path | None = None, **kwargs) -> CostCurve:
@@ -240,8 +250,6 @@ def calibrate_batches(
     """Times ``[batch, rows]`` forwards as the batched loop runs them (every sequence ``context`` cached tokens, a
     ``[batch, 1, rows, context + rows]`` float mask, explicit positions), the fastest of ``repeats`` after one warm-up
     per batch, next to ``curve(batch x rows, context)``: the premise a batch's tree sizing rests on."""
-    from transformers import DynamicCache
-
     from .compat import CACHE_KWARG
 
     device, dtype = next(model.parameters()).device, model.dtype
@@ -249,9 +257,7 @@ def calibrate_batches(
     gen = torch.Generator().manual_seed(0)
     checks = []
     for batch in batches:
-        cache = DynamicCache(config=model.config)
-        prefix = torch.randint(0, vocab, (batch, context), generator=gen).to(device)
-        model(input_ids=prefix, use_cache=True, logits_to_keep=1, **{CACHE_KWARG: cache})
+        cache = _prefilled_cache(model, batch, context, gen)
         for count in rows:
             ids = torch.randint(0, vocab, (batch, count), generator=gen).to(device)
             positions = torch.arange(context, context + count, device=device)[None].expand(batch, -1)

@@ -30,8 +30,8 @@ def tiny_llama(seed: int = 0, layers: int = 4, sharpen: float = 12.0) -> LlamaFo
     return model
 
 
-def perturbed_copy(model: LlamaForCausalLM, scale: float = 0.3, seed: int = 1) -> LlamaForCausalLM:
-    """A drafter close to the target: accepts often, but not always along the draft's top-1 branch."""
+def perturbed_copy(model: torch.nn.Module, scale: float = 0.3, seed: int = 1) -> torch.nn.Module:
+    """A drafter close to the target (any family): accepts often, but not always along the draft's top-1 branch."""
     drafter = copy.deepcopy(model)
     torch.manual_seed(seed)
     with torch.no_grad():
@@ -56,18 +56,28 @@ def drafters(target) -> dict[str, torch.nn.Module]:
     }
 
 
+def char_tokenizer(chars: str, chat: bool = False) -> PreTrainedTokenizerFast:
+    """A character-level tokenizer (token i <-> ``chars[i]``); with ``chat``, padding and a minimal chat template
+    (``U+question/A+``) so trainer data can be prepared from conversations."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel(vocab={c: i for i, c in enumerate(chars)}, unk_token="a"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    if not chat:
+        return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="a")
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="a", pad_token="a")
+    tokenizer.chat_template = ("{% for m in messages %}{{ m['role'][0] | upper }}+{{ m['content'] }}/{% endfor %}"
+                               "{% if add_generation_prompt %}A+{% endif %}")
+    return tokenizer
+
+
 @pytest.fixture(scope="session")
 def word_tokenizer() -> PreTrainedTokenizerFast:
     """A character-level tokenizer over the tiny vocabulary (token i <-> one character), usable by stop strings."""
     import string
 
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-
-    chars = (string.ascii_letters + string.digits + "+/")[:VOCAB]
-    tok = Tokenizer(models.WordLevel(vocab={c: i for i, c in enumerate(chars)}, unk_token="a"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="a")
+    return char_tokenizer((string.ascii_letters + string.digits + "+/")[:VOCAB])
 
 
 @pytest.fixture

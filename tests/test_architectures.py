@@ -7,8 +7,6 @@ window is crossed both in the prefill and while decoding. Families that cannot w
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 import transformers as tf
@@ -17,6 +15,8 @@ import hf_treespec
 from hf_treespec.drafters import TreeSpecDrafterConfig, TreeSpecDrafterModel
 from hf_treespec.features import capture_hidden_states, final_norm
 from hf_treespec.window import TreeWindows
+
+from conftest import char_tokenizer, perturbed_copy
 
 torch.set_num_threads(1)
 
@@ -68,16 +68,6 @@ def tiny(family: str, seed: int) -> torch.nn.Module:
     return model
 
 
-def perturbed(model: torch.nn.Module, scale: float = 0.3, seed: int = 1) -> torch.nn.Module:
-    """A second model of the same family close to the target, so trees are accepted deep and branches rejected."""
-    drafter = copy.deepcopy(model)
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for p in drafter.parameters():
-            p.add_(torch.randn_like(p) * scale * p.std())
-    return drafter
-
-
 @pytest.fixture(scope="module")
 def models():
     cache: dict[str, tuple] = {}
@@ -86,7 +76,7 @@ def models():
         if family not in cache:
             target = hf_treespec.enable(tiny(family, seed=0))
             feature = TreeSpecDrafterModel(TreeSpecDrafterConfig.for_target(target.config, target_layers=[0, -1]))
-            cache[family] = target, {"causal_lm": perturbed(target), "feature": feature.eval()}
+            cache[family] = target, {"causal_lm": perturbed_copy(target), "feature": feature.eval()}
         return cache[family]
 
     return get
@@ -219,18 +209,9 @@ def test_talf_trained_feature_drafter_for_a_non_llama_target_decodes_losslessly(
     import random
     import string
 
-    from tokenizers import Regex, Tokenizer, decoders, models as tokenizer_models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     from hf_treespec.trainers import PrepareConfig, TALFConfig, TALFTrainer, load_prepared, prepare_dataset
 
-    chars = string.ascii_letters + string.digits + "+/"
-    backend = Tokenizer(tokenizer_models.WordLevel(vocab={c: i for i, c in enumerate(chars)}, unk_token="a"))
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    backend.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="a", pad_token="a")
-    tokenizer.chat_template = ("{% for m in messages %}{{ m['role'][0] | upper }}+{{ m['content'] }}/{% endfor %}"
-                               "{% if add_generation_prompt %}A+{% endif %}")
+    tokenizer = char_tokenizer(string.ascii_letters + string.digits + "+/", chat=True)
     rng = random.Random(0)
     records = [{"id": f"c{i}", "conversations": [
         {"from": "human", "value": "".join(rng.choice(string.ascii_lowercase) for _ in range(5))},
@@ -307,7 +288,7 @@ def test_multimodal_model_decodes_text_prompts_and_refuses_images():
     ids = prompts("gemma3_text")[0]
     plain = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False)
     drafter = TreeSpecDrafterModel(TreeSpecDrafterConfig.for_target(model.config)).eval()
-    for assistant in (perturbed(model), drafter):
+    for assistant in (perturbed_copy(model), drafter):
         out = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, assistant_model=assistant,
                              tree_policy="eagle2")
         assert torch.equal(out, plain)

@@ -15,8 +15,7 @@ import string
 
 import pytest
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import GenerationConfig, PreTrainedTokenizerFast
+from transformers import GenerationConfig
 
 from hf_treespec.generation.decoding import resolve
 from hf_treespec.policies import POLICIES, DelaySelector, DelaySelectorConfig, DraftSource, StepContext
@@ -38,7 +37,7 @@ from hf_treespec.trainers.nde_stats import action_stats
 from hf_treespec.trainers.nde_trie import sample_trees, trie_tables
 from hf_treespec.verifiers import VERIFIERS
 
-VOCAB = 64  # conftest's tiny Llama
+from conftest import VOCAB, char_tokenizer  # VOCAB: conftest's tiny Llama
 ACTIONS = action_space((1, 2, 3), (0, 1, 2), (1, 2))
 
 
@@ -415,12 +414,7 @@ CHARS = (string.ascii_letters + string.digits + "+/")[:VOCAB]
 
 @pytest.fixture
 def saved_target(target, tmp_path):
-    tok = Tokenizer(models.WordLevel(vocab={c: i for i, c in enumerate(CHARS)}, unk_token="a"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="a", pad_token="a")
-    tokenizer.chat_template = ("{% for m in messages %}{{ m['role'][0] | upper }}+{{ m['content'] }}/{% endfor %}"
-                               "{% if add_generation_prompt %}A+{% endif %}")
+    tokenizer = char_tokenizer(CHARS, chat=True)
     target.save_pretrained(tmp_path / "target")
     tokenizer.save_pretrained(tmp_path / "target")
     lines = [{"question_id": i, "turns": [text]} for i, text in enumerate(["hello there", "abc def ghi", "xyz"])]
