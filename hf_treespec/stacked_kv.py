@@ -85,7 +85,7 @@ def stack_caches(caches: list[DynamicCache], past: list[int], longest: int) -> D
     fullest = caches[past.index(longest)]
     for index, reference in enumerate(fullest.layers):
         keys = reference.keys.new_zeros(len(caches), reference.keys.shape[1], longest, reference.keys.shape[3])
-        values = keys.clone()
+        values = torch.zeros_like(keys)
         for row, (cache, length) in enumerate(zip(caches, past)):
             if length:
                 keys[row, :, :length] = cache.layers[index].keys[0]

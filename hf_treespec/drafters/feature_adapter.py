@@ -169,12 +169,11 @@ class FeatureDrafter(Drafter):
         """Every row's nodes in ONE forward over the rows' stacked caches (`hf_treespec.stacked_kv`); each row's
         input features (its pending chain's target features, its nodes' parents' outputs) are its own."""
         if len(requests) == 1:
-            drafter, tree, nodes = requests[0]
-            return [drafter.expand(tree, nodes)]
+            return super().expand_rows(requests)
         first = requests[0][0]
+        requests = [(drafter, tree, nodes.cpu()) for drafter, tree, nodes in requests]
         rows, features, node_uids = [], [], []
         for drafter, tree, nodes in requests:
-            nodes = nodes.cpu()
             drafter._started()
             is_root, parent_uids, uids = to_device(first._device, *drafter._node_indices(tree, nodes))
             rows.append(RowRequest(drafter.kv, *drafter.kv.host_inputs(tree, nodes)))
@@ -193,7 +192,7 @@ class FeatureDrafter(Drafter):
         logits = out.logits.float()
         results = []
         for row, ((drafter, tree, nodes), count) in enumerate(zip(requests, counts)):
-            drafter._fed(tree, nodes.cpu(), node_uids[row], out.hidden_states[row, width - count :])
+            drafter._fed(tree, nodes, node_uids[row], out.hidden_states[row, width - count :])
             results.append(drafter.model.target_logits(logits[row, logits.shape[1] - count :]))
         return results
 

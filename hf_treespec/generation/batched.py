@@ -12,11 +12,10 @@ and the rows' draft forwards are joined into one forward per round (`lockstep.bu
 verified in one `Verifier.verify_rows` call (greedy: one host copy of every row's choices). Python loops over rows
 remain where a per-row rule is the contract: the policies' own bookkeeping, the verifiers' walks (their acceptance
 rules are sequential per tree), and stopping criteria (callables over a ``[batch, length]`` tensor whose rows here
-have different lengths). The target forward, the
-dominant cost, the draft forwards and the KV moves are batched. Draft-free rows (every row,
-when ``tree_budget="auto"`` finds that no tree could pay at this batch) are handled as plain batched ``generate``
-handles its batch: rows of equal length share one logits-processor call and one stopping-criteria call, and no
-row's policy runs.
+have different lengths). The target forward, the dominant cost, the draft forwards and the KV moves are batched.
+Draft-free rows (every row, when ``tree_budget="auto"`` finds that no tree could pay at this batch) are handled as
+plain batched ``generate`` handles its batch: rows of equal length share one logits-processor call and one
+stopping-criteria call, and no row's policy runs.
 """
 
 from __future__ import annotations

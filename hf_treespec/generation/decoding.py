@@ -202,8 +202,10 @@ def tree_speculative_decoding(
     while not finished:
         source = WarpedDraftSource(drafter, logits_processor, input_ids)
         t0 = clock.now()
-        tree = policy.build(source, context.root_token, context=context) if policy.may_draft(
-            context.context_length) else DraftTree.root(context.root_token)
+        if policy.may_draft(context.context_length):
+            tree = policy.build(source, context.root_token, context=context)
+        else:
+            tree = DraftTree.root(context.root_token)
         t1 = clock.now()
         draft_free = tree.num_nodes == 1 and target_kv.holds_only_committed
         # rows of the accepted path (root first): raw and processed target logits

@@ -40,7 +40,9 @@ def processors_for_rows(processors: LogitsProcessorList, rows: int | list[int]) 
     """The processors as they apply to some rows of the batch, for a loop that calls them on single rows or groups
     of rows. Per-row state is narrowed to those rows: one row's value becomes a plain int (so the processor accepts
     any number of copies of that row, e.g. one per tree node), a group's an indexed tensor. Processors without such
-    state are shared, not copied."""
+    state are shared, not copied (the list itself, when none has any)."""
+    if not any(isinstance(getattr(p, name, None), torch.Tensor) for p in processors for name in ROW_STATE_ATTRIBUTES):
+        return processors
     narrowed = []
     for processor in processors:
         state = {name: value for name in ROW_STATE_ATTRIBUTES
