@@ -18,7 +18,7 @@ BENCH_DEFAULTS = {"num_questions": None, "max_new_tokens": 128, "repeats": 1}
 def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     from .benchmark.methods import available_methods
     from .benchmark.runner import DATASETS, DTYPE_CHOICES
-    from .hardware import AUTO_DTYPE_HELP
+    from .hardware import AUTO_DTYPE_HELP, DEVICE_HELP
 
     parser = subparsers.add_parser(
         "bench",
@@ -39,6 +39,7 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
                              "drafting with n-grams up to N), a checkpoint path / hub id, or 'none'")
     parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
                         help=AUTO_DTYPE_HELP)
+    parser.add_argument("--device", default="auto", help=DEVICE_HELP)
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads for every method")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--questions", default=None, help="an MT-bench / Spec-Bench style question.jsonl")
@@ -92,6 +93,7 @@ def bench_config(args: argparse.Namespace):
         model=args.model,
         drafter=None if args.drafter.lower() == "none" else args.drafter,
         dtype=args.dtype,
+        device=args.device,
         threads=args.threads,
         questions=args.questions,
         dataset=args.dataset,
@@ -117,7 +119,10 @@ def run_bench(args: argparse.Namespace) -> int:
         from .benchmark.batched import run_batched_benchmark, write_batched_report
 
         sizes = [int(x) for x in args.batch_size.split(",") if x.strip()]
-        rows, settings = run_batched_benchmark(bench_config(args), sizes)
+        # the report is rewritten after each batch size: an interrupted run keeps what it measured
+        rows, settings = run_batched_benchmark(
+            bench_config(args), sizes, on_batch_size=lambda rows, settings: write_batched_report(
+                rows, settings, args.out, echo=False))
         folder = write_batched_report(rows, settings, args.out)
         print(f"wrote {folder}/ (batched.md, batched.json, batched.png)")
         return 0
@@ -131,6 +136,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
 def add_calibrate_parser(subparsers: argparse._SubParsersAction) -> None:
     from .benchmark.runner import DTYPE_CHOICES
+    from .hardware import DEVICE_HELP
 
     parser = subparsers.add_parser(
         "calibrate",
@@ -144,6 +150,7 @@ def add_calibrate_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct",
                         help="target: asset short name, checkpoint folder, .gguf file or hub id")
     parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES)
+    parser.add_argument("--device", default="auto", help=DEVICE_HELP)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--sizes", default="1,2,4,8,16,32,64", help="rows per forward (root included)")
     parser.add_argument("--contexts", default="128,512", help="cached context lengths")
@@ -179,8 +186,10 @@ def run_calibrate(args: argparse.Namespace) -> int:
     batches = numbers(args.batch_size, "batch-size") if args.batch_size else ()
     if args.repeats < 1 or args.threads < 1:
         raise ValueError("--repeats and --threads must be >= 1.")
-    dtype = BenchmarkConfig(dtype=args.dtype).resolved_dtype
-    model, _ = load_model(args.model, dtype)
+    config = BenchmarkConfig(dtype=args.dtype, device=args.device)
+    config.validate()
+    dtype = config.resolved_dtype
+    model, _ = load_model(args.model, dtype, config.resolved_device)
     with torch_threads(args.threads), torch.no_grad():
         curve = calibrate_target(model.eval(), sizes=sizes, contexts=contexts, repeats=args.repeats)
         cached = cache_path(curve.key)

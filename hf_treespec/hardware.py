@@ -23,6 +23,7 @@ AUTO_DTYPE = "auto"
 DTYPE_CHOICES = (AUTO_DTYPE, *DTYPES)
 #: what ``--dtype auto`` means, for the commands' help
 AUTO_DTYPE_HELP = "auto: the machine's fast dtype (bf16 on a GPU or a CPU with avx512_bf16 / AMX, else fp32)"
+DEVICE_HELP = "auto (CUDA when available, else the CPU), cpu, cuda or cuda:N"
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,22 @@ def detect(device: torch.device | str = "cpu", cpuinfo: str | Path = "/proc/cpui
         return Hardware(device.type, device.type)
     name, flags = cpu_info(cpuinfo)
     return Hardware("cpu", name, flags, torch.get_num_threads())
+
+
+def resolve_device(name: str | torch.device = "auto") -> torch.device:
+    """``--device`` as a torch device: ``auto`` is CUDA when available, else the CPU; a device this machine lacks is
+    refused by name (rather than failing at the first tensor moved there)."""
+    if str(name) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as error:
+        raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {name!r} ({error}).") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r}: this machine has no CUDA device; use 'cpu' or 'auto'.")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s) here.")
+    return device
 
 
 def fast_dtype(device: torch.device | str | None = None) -> torch.dtype:

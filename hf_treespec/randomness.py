@@ -65,8 +65,11 @@ def multinomial_counts(probs: torch.Tensor, num: torch.Tensor, generator: Random
     counts = torch.zeros(probs.shape, dtype=torch.long, device=probs.device)
     if most == 0:
         return counts
+    num = num.to(probs.device)
+    # a row drawing nothing may hold no distribution (all zeros): it draws from a stand-in, masked out below
+    probs = torch.where((num > 0)[:, None], probs, torch.ones((), dtype=probs.dtype, device=probs.device))
     draws = torch.multinomial(probs, most, replacement=True, generator=generator)
-    valid = torch.arange(most, device=probs.device)[None] < num.to(probs.device)[:, None]
+    valid = torch.arange(most, device=probs.device)[None] < num[:, None]
     return counts.scatter_add_(1, draws, valid.long())
 
 

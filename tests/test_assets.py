@@ -225,6 +225,27 @@ def test_interrupted_conversion_leaves_no_folder(tmp_path, monkeypatch):
     assert list((tmp_path / "cache").iterdir()) == []
 
 
+def test_generation_eos_follows_the_model_when_the_tokenizer_disagrees(caplog):
+    """Some transformers releases read a GGUF tokenizer's eos differently from the model's metadata: generation must
+    stop at the model's eos (the chat turn end), and the tokenizer is told so."""
+    from types import SimpleNamespace
+
+    from transformers import GenerationConfig
+
+    from conftest import char_tokenizer
+
+    tokenizer = char_tokenizer("abcdefgh")
+    tokenizer.eos_token = "b"
+    config = SimpleNamespace(eos_token_id=tokenizer.convert_tokens_to_ids("c"))
+    with caplog.at_level("WARNING"):
+        generation = assets_targets._greedy_generation_config(GenerationConfig, config, tokenizer)
+    assert generation.eos_token_id == config.eos_token_id == tokenizer.eos_token_id
+    assert "disagrees" in caplog.text
+    config.eos_token_id = 10_000
+    with pytest.raises(ValueError, match="not in the tokenizer's vocabulary"):
+        assets_targets._greedy_generation_config(GenerationConfig, config, tokenizer)
+
+
 def test_default_cache_dir_honours_env(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_TREESPEC_CACHE", str(tmp_path / "c"))
     assert assets.default_cache_dir() == tmp_path / "c"

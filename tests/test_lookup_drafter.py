@@ -212,3 +212,14 @@ def test_lookup_greedy_identity(target, policy, penalty):
     assert max(out.accepted_lengths) > 1
     if policy == "chain" and penalty is None:  # the whole chain in one drafter call per step
         assert out.draft_forwards == len(out.accepted_lengths)
+
+
+@pytest.mark.parametrize("policy", ["dyspec", "iid", "swor", "delayed", "static"])
+def test_nodes_without_a_proposal_get_no_children(target, policy):
+    """A short prompt leaves most nodes without a lookup match (q undefined there): sampled and static shapes must
+    leave those nodes childless instead of drawing from NaN or indexing an empty top-k."""
+    prompt = torch.tensor([[3, 17, 42, 8, 8, 21]])
+    ref = target.generate(prompt, do_sample=False, max_new_tokens=20)
+    out = target.generate(prompt, do_sample=False, max_new_tokens=20, assistant_model=prompt_lookup(target),
+                          tree_policy=policy)
+    assert torch.equal(out, ref)

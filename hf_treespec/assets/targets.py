@@ -165,7 +165,15 @@ def _greedy_generation_config(generation_config_cls: type, config: Any, tokenize
     if eos_id is None:
         raise ValueError("The converted tokenizer has no eos token; generate() would never stop")
     if config.eos_token_id not in (None, eos_id):
-        raise ValueError(f"Model eos_token_id {config.eos_token_id} disagrees with tokenizer eos {eos_id}")
+        # some transformers releases read the GGUF tokenizer's eos differently from its model metadata; the model's
+        # (the chat turn end) is the one generation must stop at, and the tokenizer is told so
+        token = tokenizer.convert_ids_to_tokens(int(config.eos_token_id))
+        if token is None:
+            raise ValueError(f"Model eos_token_id {config.eos_token_id} is not in the tokenizer's vocabulary")
+        logger.warning("The converted tokenizer's eos %s disagrees with the model's eos_token_id %s (%r); using the "
+                       "model's.", eos_id, config.eos_token_id, token)
+        tokenizer.eos_token = token
+        eos_id = int(config.eos_token_id)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
     return generation_config_cls(
         bos_token_id=tokenizer.bos_token_id, eos_token_id=eos_id, pad_token_id=pad_id, do_sample=False

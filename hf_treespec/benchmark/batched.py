@@ -15,7 +15,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from tqdm.auto import tqdm
@@ -81,17 +81,20 @@ def _run_once(method: BenchMethod, model, ids, mask, drafter, gen_kwargs) -> tup
     kwargs = {**gen_kwargs, **method.method_kwargs(drafter), **method.generate_overrides,
               "return_dict_in_generate": True}
     with method.prepared(drafter):
-        sync(ids.device)
+        ids, mask = ids.to(model.device), mask.to(model.device)
+        sync(model.device)
         start = time.perf_counter()
-        out = model.generate(ids.to(model.device), attention_mask=mask.to(model.device), **kwargs)
-        sync(ids.device)
+        out = model.generate(ids, attention_mask=mask, **kwargs)
+        sync(model.device)
     return out, time.perf_counter() - start
 
 
 def run_batched(methods: list[BenchMethod], model, drafters: dict[str, Any], prompts: list[torch.Tensor],
                 batch_sizes: list[int], gen_kwargs: dict[str, Any], *, pad_id: int, eos: set[int], seed: int = 0,
-                repeats: int = 1, progress: bool = True, greedy: bool = True) -> list[BatchRow]:
-    """Every method on every batch of every batch size; returns one `BatchRow` per (method, batch size)."""
+                repeats: int = 1, progress: bool = True, greedy: bool = True,
+                on_batch_size: Callable[[list[BatchRow]], None] | None = None) -> list[BatchRow]:
+    """Every method on every batch of every batch size; returns one `BatchRow` per (method, batch size).
+    ``on_batch_size`` gets the rows so far after each batch size, so a long run can write partial reports."""
     usable = [m for m in methods if isinstance(m, (PlainGenerate, TreeMethod))]
     if not usable or not isinstance(usable[0], PlainGenerate):
         raise ValueError("a batched benchmark needs plain first and tree:<policy> methods (transformers' assisted "
@@ -134,6 +137,8 @@ def run_batched(methods: list[BenchMethod], model, drafters: dict[str, Any], pro
             for record in results.values():
                 record.speedup = record.tokens_per_second / plain.tokens_per_second if plain.seconds else None
             out_rows.extend(results.values())
+            if on_batch_size is not None:
+                on_batch_size(list(out_rows))
     finally:
         bar.close()
     return out_rows
@@ -190,13 +195,16 @@ def _plot(rows: list[BatchRow], path: Path) -> None:
 
 
 def batch_settings(config, model, num_questions: int) -> dict[str, Any]:
-    return {"hardware": detect(next(model.parameters()).device).describe(), "dtype": config.resolved_dtype, "num_questions": num_questions,
+    return {"hardware": detect(next(model.parameters()).device).describe(), "dtype": config.resolved_dtype,
+            "num_questions": num_questions,
             "max_new_tokens": config.max_new_tokens, "greedy": config.greedy, "threads": config.threads,
             "torch": torch.__version__, "model": config.model, "drafter": config.drafter}
 
 
-def run_batched_benchmark(config, batch_sizes: list[int]) -> tuple[list[BatchRow], dict[str, Any]]:
-    """Loads what ``config`` names (as ``run_benchmark`` does) and measures every batch size."""
+def run_batched_benchmark(config, batch_sizes: list[int], on_batch_size: Callable[[list[BatchRow], dict[str, Any]], None]
+                          | None = None) -> tuple[list[BatchRow], dict[str, Any]]:
+    """Loads what ``config`` names (as ``run_benchmark`` does) and measures every batch size; ``on_batch_size`` gets
+    the rows so far and the settings after each batch size."""
     from .runner import (
         build_prompt, fitting_prompts, load_benchmark_questions, load_drafter, load_model, method_drafters,
         plan_methods, shared_generate_kwargs, torch_threads,
@@ -205,7 +213,7 @@ def run_batched_benchmark(config, batch_sizes: list[int]) -> tuple[list[BatchRow
     config.validate()
     if not batch_sizes or min(batch_sizes) < 1:
         raise ValueError(f"--batch-size takes batch sizes >= 1, got {batch_sizes}.")
-    model, tokenizer = load_model(config.model, config.resolved_dtype)
+    model, tokenizer = load_model(config.model, config.resolved_dtype, config.resolved_device)
     model.eval()
     drafter = load_drafter(config.drafter, model, config.resolved_dtype, target_name=config.model) \
         if config.drafter else None
@@ -227,10 +235,12 @@ def run_batched_benchmark(config, batch_sizes: list[int]) -> tuple[list[BatchRow
         for method in methods:  # untimed: first-use costs (auto's cost-curve calibration, lazy inits)
             _run_once(method, model, warm_ids, warm_mask, drafters.get(method.name),
                       {**gen_kwargs, "max_new_tokens": min(8, config.max_new_tokens)})
+        settings = batch_settings(config, model, len(prompts))
+        settings["batch_sizes"] = batch_sizes
+        if skipped:
+            settings["skipped"] = {name: "transformers' assisted generation refuses batches" for name in skipped}
+        report = None if on_batch_size is None else (lambda rows_so_far: on_batch_size(rows_so_far, settings))
         rows = run_batched(methods, model, drafters, prompts, batch_sizes, gen_kwargs, pad_id=int(pad_id), eos=eos,
-                           seed=config.seed, repeats=config.repeats, progress=config.progress, greedy=config.greedy)
-    settings = batch_settings(config, model, len(prompts))
-    settings["batch_sizes"] = batch_sizes
-    if skipped:
-        settings["skipped"] = {name: "transformers' assisted generation refuses batches" for name in skipped}
+                           seed=config.seed, repeats=config.repeats, progress=config.progress, greedy=config.greedy,
+                           on_batch_size=report)
     return rows, settings

@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from ..assets import default_drafter
 from ..drafters import TreeSpecDrafterModel, prompt_lookup, truncated
 from ..generation import enable
-from ..hardware import AUTO_DTYPE, DTYPE_CHOICES, DTYPES, resolve_dtype_name  # noqa: F401  (re-exported)
+from ..hardware import AUTO_DTYPE, DTYPE_CHOICES, DTYPES, resolve_device, resolve_dtype_name  # noqa: F401  (re-exported)
 from .methods import (
     BenchMethod,
     Override,
@@ -106,6 +106,7 @@ class BenchmarkConfig:
     model: str = "smollm2-135m-instruct"
     drafter: str | None = "default"
     dtype: str = AUTO_DTYPE
+    device: str = "auto"  # auto: CUDA when available, else the CPU
     threads: int = 2
     questions: str | None = None
     dataset: str = "mtbench"
@@ -124,13 +125,19 @@ class BenchmarkConfig:
     cost_curve: bool = False  # measure (or read the cached) target cost curve c(rows, context) into the report
 
     @property
+    def resolved_device(self) -> torch.device:
+        """``device``, with ``auto`` replaced by CUDA when it is available, else the CPU."""
+        return resolve_device(self.device)
+
+    @property
     def resolved_dtype(self) -> str:
-        """``dtype``, with ``auto`` replaced by this machine's fast dtype."""
-        return resolve_dtype_name(self.dtype)
+        """``dtype``, with ``auto`` replaced by the fast dtype of the device the benchmark runs on."""
+        return resolve_dtype_name(self.dtype, self.resolved_device)
 
     def validate(self) -> None:
         if self.dtype not in DTYPE_CHOICES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}.")
+        self.resolved_device  # a malformed or unavailable device is refused before any model loads
         if self.dataset not in DATASETS:
             raise ValueError(f"dataset must be one of {', '.join(DATASETS)}, got {self.dataset!r}.")
         for name, value, low in (("threads", self.threads, 1), ("max_new_tokens", self.max_new_tokens, 1),
@@ -181,12 +188,13 @@ def torch_threads(threads: int) -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
-def load_model(name_or_path: str, dtype: str) -> tuple[torch.nn.Module, Any]:
-    """The target (tree speculation enabled) and its tokenizer: a short asset name, a checkpoint folder or hub id."""
+def load_model(name_or_path: str, dtype: str, device: torch.device | str = "cpu") -> tuple[torch.nn.Module, Any]:
+    """The target (tree speculation enabled) on ``device`` and its tokenizer: a short asset name, a checkpoint folder
+    or hub id."""
     from ..assets import load_target
 
     model, tokenizer = load_target(name_or_path, dtype=DTYPES[dtype])
-    return enable(model), tokenizer
+    return enable(model.to(device)), tokenizer
 
 
 def load_drafter(spec: str, model: torch.nn.Module, dtype: str, target_name: str | None = None) -> torch.nn.Module:
@@ -306,7 +314,7 @@ def run_benchmark(
     config.validate()
     labels = {"model": config.model, "drafter": config.drafter}
     if model is None:
-        model, tokenizer = load_model(config.model, config.resolved_dtype)
+        model, tokenizer = load_model(config.model, config.resolved_dtype, config.resolved_device)
     elif tokenizer is None:
         raise ValueError("pass the tokenizer with an injected model (the prompts use its chat template).")
     else:

@@ -143,8 +143,9 @@ class C2TPolicy(TreePolicy):
         frontier = torch.zeros(1, dtype=torch.long, device=device)
         for level in range(depth):
             logq = source.logprobs(tree, frontier)
-            entropy = top_entropy(logq, classifier.config.entropy_top)
-            vals, toks = logq.topk(min(k, logq.shape[-1]), dim=-1)  # first top-k: only these are scored
+            # entropy and the first top-k on the draft's device; only these [F, k] rows travel to the host tree
+            entropy = top_entropy(logq, classifier.config.entropy_top).cpu()
+            vals, toks = (t.cpu() for t in logq.topk(min(k, logq.shape[-1]), dim=-1))  # only these are scored
             joint = tree.scores[frontier][:, None] + vals
             feats = node_features(joint, entropy[:, None].expand_as(joint),
                                   torch.full_like(joint, level + 1))

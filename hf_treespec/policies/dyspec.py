@@ -61,6 +61,7 @@ class DySpecPolicy(TreePolicy):
         frontier = torch.zeros(1, dtype=torch.long, device=device)
         while frontier.numel():
             tokens, logq, probs = self._siblings(source, tree, frontier, budget, generator)
+            tokens, logq = tokens.cpu(), logq.cpu()  # [F, <= budget] draws to the host tree (q stays on the device)
             if probs is not None:  # the verifier tests the draws against the q they were sampled from
                 tree = tree.record_draft_probs(frontier, probs)
             expanded[frontier] = True

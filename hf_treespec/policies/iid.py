@@ -36,7 +36,10 @@ def grow_iid(
 ) -> tuple[DraftTree, torch.Tensor]:
     """Extends ``draws[i]`` i.i.d. paths from each ``frontier[i]`` by ``levels`` tokens, one draft call per level."""
     for _ in range(levels):
-        probs = source.logprobs(tree, frontier).exp()
+        # a drafter may propose nothing at a node (prompt lookup without a match: every log-prob -inf, softmax NaN);
+        # such a node gets no children and q = 0 on record, which no verifier reads for a childless node
+        probs = torch.nan_to_num(source.logprobs(tree, frontier).exp(), nan=0.0)
+        draws = torch.where(probs.sum(-1) > 0, draws.to(probs.device), 0)
         if record:
             tree = tree.record_draft_probs(frontier, probs)
         tree, frontier = add_iid_children(tree, frontier, probs, draws, generator)

@@ -191,7 +191,9 @@ class StaticPolicy(TreePolicy):
                 break
             parents, ranks, level = parents[alive], ranks[alive], level.to(device)[alive]
             expand, row = parents.unique(return_inverse=True)
-            vals, toks = topk_children(source, tree, expand, int(ranks.max()) + 1)
+            vals, toks = (t.cpu() for t in topk_children(source, tree, expand, int(ranks.max()) + 1))  # to the host
+            if vals.shape[-1] == 0:  # a sparse source (prompt lookup) proposed nothing at this level
+                break
             ranks_ok = ranks < vals.shape[-1]
             logq = torch.where(ranks_ok, vals[row, ranks.clamp(max=vals.shape[-1] - 1)],
                                torch.full_like(ranks, float("-inf"), dtype=vals.dtype))

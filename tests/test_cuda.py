@@ -1,0 +1,171 @@
+"""The decoding loop, every policy, verifier and drafter kind, batched generation, auto sizing and a training step on
+a CUDA device. Skipped without one (CI has none); on a GPU machine ``python -m pytest tests/test_cuda.py`` checks that
+nothing in the package builds a tensor on the wrong device and that greedy output is still plain ``generate``'s.
+(The trainer tests need nothing of this kind: ``Trainer`` moves the drafter and its batches to the GPU by itself, so
+``tests/test_trainers.py`` and ``tests/test_ttt.py`` run there as they are.)
+
+Everything here is placed on the GPU the way a user would place it (``model.to("cuda")``, inputs on the model's
+device); selectors and classifiers are left where they are loaded (the CPU) since a user passes them as loaded.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import hf_treespec
+from hf_treespec.policies import POLICIES
+from hf_treespec.verifiers import VERIFIERS
+
+from conftest import perturbed_copy, tiny_llama
+
+#: HF_TREESPEC_TEST_DEVICE=cpu runs this file's checks on the CPU (to check the tests themselves without a GPU)
+CUDA = torch.device(os.environ.get("HF_TREESPEC_TEST_DEVICE", "cuda"))
+pytestmark = pytest.mark.skipif(CUDA.type == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA device")
+GREEDY_POLICIES = ["chain", "eagle2", "optimal", "salf", "dyspec", "iid", "swor", "delayed", "static"]
+PROMPTS = [[3, 17, 42, 8, 8, 21], [5, 9, 33, 2], [11, 40, 7, 7, 19]]
+PAD = 0
+
+
+@pytest.fixture(scope="module")
+def gpu_target():
+    return hf_treespec.enable(tiny_llama()).to(CUDA)
+
+
+@pytest.fixture(scope="module")
+def gpu_drafters(gpu_target):
+    from hf_treespec.drafters import TreeSpecDrafterConfig, TreeSpecDrafterModel
+
+    torch.manual_seed(0)
+    feature = TreeSpecDrafterModel(TreeSpecDrafterConfig.for_target(gpu_target.config)).eval().to(CUDA)
+    return {
+        "perturbed": perturbed_copy(gpu_target),
+        "truncated": hf_treespec.drafters.truncated(gpu_target, num_layers=2),
+        "feature": feature,
+        "lookup": hf_treespec.drafters.prompt_lookup(gpu_target),
+    }
+
+
+def left_padded(prompts=PROMPTS):
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), PAD, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    return ids.to(CUDA), mask.to(CUDA)
+
+
+def single(target, prompt, **kwargs):
+    return target.generate(torch.tensor([prompt], device=CUDA), **kwargs)[0, len(prompt):]
+
+
+@pytest.mark.parametrize("drafter_name", ["perturbed", "truncated", "feature", "lookup"])
+@pytest.mark.parametrize("policy", GREEDY_POLICIES)
+def test_greedy_single_prompt(gpu_target, gpu_drafters, policy, drafter_name):
+    prompt = torch.tensor([PROMPTS[0]], device=CUDA)
+    ref = gpu_target.generate(prompt, do_sample=False, max_new_tokens=20)
+    out = gpu_target.generate(prompt, do_sample=False, max_new_tokens=20, assistant_model=gpu_drafters[drafter_name],
+                              tree_policy=policy, return_dict_in_generate=True)
+    assert out.sequences.device.type == CUDA.type
+    assert torch.equal(out.sequences, ref)
+
+
+@pytest.mark.parametrize("drafter_name", ["perturbed", "feature", "lookup"])
+@pytest.mark.parametrize("policy", GREEDY_POLICIES)
+def test_greedy_batch(gpu_target, gpu_drafters, policy, drafter_name):
+    ids, mask = left_padded()
+    out = gpu_target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=16, pad_token_id=PAD,
+                              assistant_model=gpu_drafters[drafter_name], tree_policy=policy,
+                              return_dict_in_generate=True)
+    for row, prompt in enumerate(PROMPTS):
+        assert torch.equal(out.sequences[row, ids.shape[1]:], single(gpu_target, prompt, do_sample=False,
+                                                                     max_new_tokens=16)), row
+
+
+def test_batch_rows_finish_early_and_cache_continues(gpu_target, gpu_drafters):
+    from hf_treespec.compat import CACHE_KWARG, output_cache
+
+    ids, mask = left_padded()
+    refs = [single(gpu_target, p, do_sample=False, max_new_tokens=24) for p in PROMPTS]
+    eos = int(refs[1][5])
+    out = gpu_target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=24, eos_token_id=eos,
+                              pad_token_id=PAD, assistant_model=gpu_drafters["perturbed"], tree_policy="salf",
+                              return_dict_in_generate=True)
+    plain = gpu_target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=24, eos_token_id=eos,
+                                pad_token_id=PAD)
+    assert torch.equal(out.sequences, plain)
+    # the returned cache continues plain generate (no EOS this time, so every row runs on)
+    out = gpu_target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=10, pad_token_id=PAD,
+                              assistant_model=gpu_drafters["perturbed"], tree_policy="eagle2",
+                              return_dict_in_generate=True)
+    full_mask = torch.cat([mask, torch.ones_like(out.sequences[:, ids.shape[1]:])], dim=1)
+    more = gpu_target.generate(out.sequences, attention_mask=full_mask, **{CACHE_KWARG: output_cache(out)},
+                               do_sample=False, max_new_tokens=6, pad_token_id=PAD)
+    fresh = gpu_target.generate(out.sequences, attention_mask=full_mask, do_sample=False, max_new_tokens=6,
+                                pad_token_id=PAD)
+    assert torch.equal(more, fresh)
+
+
+def _sampling_cases():
+    cases = []
+    for name in GREEDY_POLICIES:
+        policy = POLICIES.get(name)(do_sample=True)
+        for verifier in VERIFIERS:
+            if not VERIFIERS.get(verifier).sampling:
+                continue
+            try:
+                VERIFIERS.get(verifier).check_compatible(policy.regime_for(), is_chain=policy.is_chain, do_sample=True)
+            except ValueError:
+                continue
+            cases.append(pytest.param(name, verifier, id=f"{name}-{verifier}"))
+    return cases
+
+
+@pytest.mark.parametrize("policy,verifier", _sampling_cases())
+def test_sampling_runs_and_reproduces(gpu_target, gpu_drafters, policy, verifier):
+    """Every lossless (policy, verifier) pair samples on the GPU, batched, and a seed reproduces it. (Losslessness
+    itself is device-independent arithmetic, tested on the CPU.)"""
+    ids, mask = left_padded()
+    kwargs = dict(attention_mask=mask, do_sample=True, temperature=1.0, top_k=8, max_new_tokens=12, pad_token_id=PAD,
+                  assistant_model=gpu_drafters["perturbed"], tree_policy=policy, verifier=verifier)
+    torch.manual_seed(3)
+    first = gpu_target.generate(ids, **kwargs)
+    torch.manual_seed(3)
+    second = gpu_target.generate(ids, **kwargs)
+    assert torch.equal(first, second)
+    assert int(first.max()) < gpu_target.config.vocab_size
+
+
+def test_c2t_and_nde_with_cpu_loaded_modules(gpu_target, gpu_drafters):
+    """A classifier / selector as loaded (on the CPU) serves a GPU target."""
+    from hf_treespec.policies import DelaySelector, DelaySelectorConfig
+    from hf_treespec.policies.c2t import C2TClassifier
+
+    prompt = torch.tensor([PROMPTS[0]], device=CUDA)
+    ref = gpu_target.generate(prompt, do_sample=False, max_new_tokens=16)
+    out = gpu_target.generate(prompt, do_sample=False, max_new_tokens=16, assistant_model=gpu_drafters["perturbed"],
+                              tree_policy="c2t", c2t_classifier=C2TClassifier(), c2t_threshold=0.01)
+    assert torch.equal(out, ref)
+    torch.manual_seed(0)
+    selector = DelaySelector(DelaySelectorConfig(actions=[[1, 2, 2], [2, 1, 2]],
+                                                 hidden_inputs={"target_hidden": 32}, shared_dim=8)).eval()
+    out = gpu_target.generate(prompt, do_sample=False, max_new_tokens=16, assistant_model=gpu_drafters["perturbed"],
+                              tree_policy="nde", tree_selector=selector)
+    assert torch.equal(out, ref)
+
+
+def test_auto_budget_calibrates_on_the_gpu(gpu_target, gpu_drafters, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TREESPEC_CACHE", str(tmp_path))
+    ids, mask = left_padded()
+    prompt = ids[:1, -len(PROMPTS[0]):]
+    ref = gpu_target.generate(prompt, do_sample=False, max_new_tokens=20)
+    out = gpu_target.generate(prompt, do_sample=False, max_new_tokens=20, assistant_model=gpu_drafters["perturbed"],
+                              tree_policy="salf", tree_budget="auto")
+    assert torch.equal(out, ref)
+    out = gpu_target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=12, pad_token_id=PAD,
+                              assistant_model=gpu_drafters["perturbed"], tree_policy="salf", tree_budget="auto")
+    plain = gpu_target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=12, pad_token_id=PAD)
+    assert torch.equal(out, plain)
