@@ -4,6 +4,7 @@ handler in `COMMANDS`, so adding ``train`` is one more entry."""
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from typing import Callable, Sequence
 
@@ -128,6 +129,7 @@ def run_bench(args: argparse.Namespace) -> int:
         return 0
 
     result = run_benchmark(bench_config(args))
+    result.settings["command"] = args.command_line
     folder = write_report(result, args.out, echo=True)
     print(f"\nwrote {folder}/ (table.md, per_question.jsonl, summary.json, plot.png"
           f"{', sweep.png' if result.sweep else ''})")
@@ -239,7 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args.command_line = shlex.join(["hf-treespec", *argv])  # recorded in reports: the command that made them
     try:
         return args.handler(args)
     except (ValueError, OSError) as error:  # bad input, missing files / packages: a message, not a traceback

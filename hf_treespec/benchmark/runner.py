@@ -521,5 +521,20 @@ def _settings(config: BenchmarkConfig, labels: dict[str, Any], model, drafter, n
         torch=torch.__version__,
         transformers=transformers.__version__,
         date=time.strftime("%Y-%m-%d %H:%M:%S"),
+        commit=source_commit(),
     )
     return settings
+
+
+def source_commit() -> str | None:
+    """The short git commit of the checkout this package runs from (None when it is not a git checkout), so a
+    report names the code that produced it."""
+    import subprocess
+    from pathlib import Path
+
+    try:
+        result = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).resolve().parent,
+                                capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return result.stdout.strip() or None if result.returncode == 0 else None
