@@ -114,8 +114,25 @@ def test_greedy_generate_is_plain_greedy(target, drafters, prompt):
         assert torch.equal(out, ref)
 
 
-def test_sampling_uses_nss(target, drafters, prompt):
+def test_sampling_fills_the_shape_without_replacement_and_verifies_with_swor(target, drafters, prompt):
+    """Sequoia at T > 0: each node's children are the first draws of a sampling-without-replacement sequence (the
+    SWOR verifier's regime, its default); NSS stays allowed. Losslessness: test_verifiers_lossless.py
+    ('static-sampled', exact and Monte-Carlo)."""
+    from transformers import GenerationConfig
+
+    from hf_treespec.generation.decoding import resolve
+
+    policy, verifier = resolve(GenerationConfig(do_sample=True, tree_policy="static"))
+    assert verifier.name == "swor" and policy.regime_for() == "swor"
+    assert resolve(GenerationConfig(do_sample=True, tree_policy="static", verifier="nss"))[1].name == "nss"
     torch.manual_seed(0)
     out = target.generate(prompt, do_sample=True, max_new_tokens=10, assistant_model=drafters["perturbed"],
                           tree_policy="static", return_dict_in_generate=True)
     assert out.sequences.shape[1] == prompt.shape[1] + 10
+    assert max(out.tree_sizes) > 1
+
+
+def test_sampled_shape_must_not_skip_a_rank():
+    with pytest.raises(ValueError, match="no sibling of rank 0"):
+        POLICIES.get("static")(do_sample=True, tree_shape=[[0], [0, 1]])
+    POLICIES.get("static")(do_sample=False, tree_shape=[[0], [0, 1]])  # greedy: any ranks

@@ -145,6 +145,8 @@ PROBLEMS = {
     # DySpec heap trees: how many siblings a node gets depends on earlier draws (budget-N cut and threshold)
     "dyspec-b4": ("dyspec", {"tree_budget": 4}, 3),
     "dyspec-b5-t": ("dyspec", {"tree_budget": 5, "dyspec_threshold": 0.15}, 3),
+    # Sequoia's static shape filled by sampling without replacement (ranks = draw order)
+    "static-sampled": ("static", {"tree_shape": [[0], [1], [0, 0], [0, 1], [1, 0]]}, 3),
 }
 
 
@@ -340,7 +342,7 @@ def test_sampling_verifiers_refuse_greedy(name):
 # one case per random primitive of hf_treespec.randomness on the torch.Generator path: multinomial counts (iid
 # policy), Gumbel-top-k (swor policy), scalar and vector Bernoulli trials, categorical draws
 MC_CASES = [("iid-2x2", "specinfer"), ("iid-2x2", "spectr"), ("iid-2x2", "traversal"), ("swor-2x2", "swor"),
-            ("dyspec-b4", "swor")]
+            ("dyspec-b4", "swor"), ("static-sampled", "swor")]
 
 
 @pytest.mark.parametrize("problem,verifier", MC_CASES)

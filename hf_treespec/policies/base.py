@@ -40,7 +40,7 @@ import torch
 from ..latency import SpeedModel, speed_model_for
 from ..registry import Registry
 from ..step_context import CONTEXT_NEEDS, DecodingSetup, StepContext, StepOutcome
-from ..randomness import Randomness
+from ..randomness import Randomness, without_replacement
 from ..tree import DraftTree, Regime, on_path
 from .auto import TreeSizer, check_budget, is_auto
 
@@ -254,3 +254,21 @@ def topk_children(
         return source.topk_logprobs(tree, nodes, k)
     logq = source.logprobs(tree, nodes)
     return logq.topk(min(k, logq.shape[-1]), dim=-1)
+
+
+def sibling_sequence(
+    source: DraftSource, tree: DraftTree, nodes: torch.Tensor, count: int, do_sample: bool,
+    generator: Randomness = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Each node's first ``count`` children ``(tokens, log q)`` ``[len(nodes), <= count]`` in sibling order, -inf
+    past q's support, and the rows of q they came from: sampled without replacement when ``do_sample`` (the order
+    of a sampling-without-replacement sequence, which the SWOR verifier tests), the draft's top ranks otherwise (no
+    q to record). Shared by the policies of the without-replacement regime (DySpec, Sequoia's static trees)."""
+    if not do_sample:
+        values, tokens = topk_children(source, tree, nodes, count)
+        return tokens, values, None
+    logq = source.logprobs(tree, nodes)
+    probs = logq.exp()
+    tokens, valid = without_replacement(probs, count, generator)
+    values = logq.gather(1, tokens).masked_fill(~valid, float("-inf"))
+    return tokens, values, probs

@@ -21,17 +21,19 @@ from __future__ import annotations
 
 import torch
 
-from ..randomness import Randomness, without_replacement
+from ..randomness import Randomness
 from ..step_context import StepContext
 from ..tree import DraftTree, Regime
-from .base import POLICIES, DraftSource, TreePolicy, topk_children
+from .base import POLICIES, DraftSource, TreePolicy, sibling_sequence
 
 
 @POLICIES.register("dyspec")
 class DySpecPolicy(TreePolicy):
     """The greedy heap tree of ``tree_budget`` drafts; with ``dyspec_threshold`` t > 0 only draws whose estimated
-    acceptance is >= t (the paper's layer-by-layer threshold variant, t ~ 1/N; the budget still caps the size).
-    ``tree_depth`` optionally bounds the depth (the paper has none)."""
+    acceptance is >= t (the paper's layer-by-layer threshold variant, t ~ 1/N). The budget still caps the size, as
+    in the paper's own threshold runs ("a maximum tree size set to 768 and a threshold of 0.001"): uncapped, a flat
+    draft distribution would keep slot values >= t for thousands of siblings. ``tree_depth`` optionally bounds the
+    depth (the paper has none)."""
 
     defaults = {"tree_budget": 60, "tree_depth": None, "dyspec_threshold": 0.0}
     regime = Regime.SWOR
@@ -60,7 +62,7 @@ class DySpecPolicy(TreePolicy):
         expanded = torch.zeros(1, dtype=torch.bool, device=device)
         frontier = torch.zeros(1, dtype=torch.long, device=device)
         while frontier.numel():
-            tokens, logq, probs = self._siblings(source, tree, frontier, budget, generator)
+            tokens, logq, probs = sibling_sequence(source, tree, frontier, budget, self.do_sample, generator)
             tokens, logq = tokens.cpu(), logq.cpu()  # [F, <= budget] draws to the host tree (q stays on the device)
             if probs is not None:  # the verifier tests the draws against the q they were sampled from
                 tree = tree.record_draft_probs(frontier, probs)
@@ -90,17 +92,3 @@ class DySpecPolicy(TreePolicy):
                 grow &= tree.depth < int(max_depth)
             frontier = grow.nonzero().squeeze(-1)
         return tree
-
-    def _siblings(self, source: DraftSource, tree: DraftTree, nodes: torch.Tensor, count: int,
-                  generator: Randomness) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Each node's first ``count`` draws ``[len(nodes), <= count]`` (tokens, log q), in draw order, -inf past the
-        support, and the rows of q they came from: a sample without replacement when sampling, the draft's top
-        ranks otherwise (no q to record)."""
-        if not self.do_sample:
-            values, tokens = topk_children(source, tree, nodes, count)
-            return tokens, values, None
-        logq = source.logprobs(tree, nodes)
-        probs = logq.exp()
-        tokens, valid = without_replacement(probs, count, generator)
-        values = logq.gather(1, tokens).masked_fill(~valid, float("-inf"))
-        return tokens, values, probs

@@ -18,8 +18,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..tree import DraftTree
-from .base import POLICIES, TreePolicy, topk_children
+from ..tree import DraftTree, Regime
+from .base import POLICIES, TreePolicy, sibling_sequence
 
 #: a generic decaying per-rank acceptance profile (an assumption, NOT a measurement: top-1 around 0.6, the tail
 #: falling off); the default shape is Sequoia's for it. Measure your drafter's a_r and get its shape with
@@ -145,11 +145,15 @@ def choose_shape(
 
 @POLICIES.register("static")
 class StaticPolicy(TreePolicy):
-    """The same tree shape every step (``tree_shape``: child-rank paths), filled level by level with the draft's
-    ranked children, one draft forward per level. Unset, the shape is Sequoia's optimum for ``tree_budget`` nodes
-    (and ``tree_depth`` levels) under the generic profile :data:`DEFAULT_RANK_ACCEPTANCE`."""
+    """The same tree shape every step (``tree_shape``: child-rank paths), filled level by level, one draft forward
+    per level: greedy with the draft's ranked children; when sampling, as Sequoia fills it, with each node's
+    children sampled from q without replacement (rank r = the r-th draw), verified by the without-replacement rule
+    (``verifier="swor"``, the default; NSS also stays lossless). Unset, the shape is Sequoia's optimum for
+    ``tree_budget`` nodes (and ``tree_depth`` levels) under the generic profile :data:`DEFAULT_RANK_ACCEPTANCE`."""
 
     defaults = {"tree_shape": None, "tree_budget": 25, "tree_depth": None}
+    regime = Regime.SWOR
+    default_verifier = "swor"
 
     def __init__(self, do_sample: bool = False, **params):
         self._given = {k for k, v in params.items() if v is not None}
@@ -166,6 +170,14 @@ class StaticPolicy(TreePolicy):
         else:
             self.shape = [tuple(p) for p in sequoia_shape(DEFAULT_RANK_ACCEPTANCE, int(self.params["tree_budget"]),
                                                           self.params["tree_depth"])]
+        if self.do_sample:
+            known = set(self.shape)
+            gaps = [p for p in self.shape if p[-1] > 0 and p[:-1] + (p[-1] - 1,) not in known]
+            if gaps:
+                raise ValueError(
+                    f"tree_shape {list(gaps[0])} has no sibling of rank {gaps[0][-1] - 1}: when sampling, a node's "
+                    "children are the first draws of a sampling-without-replacement sequence, so its ranks must be "
+                    "0, 1, ... without gaps (a skipped draw would bias verification).")
         # per level: the shape index of each path's parent and its rank (static, computed once)
         index = {p: i for i, p in enumerate(self.shape)}
         self._levels: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
@@ -181,7 +193,7 @@ class StaticPolicy(TreePolicy):
 
     def build(self, source, root_token, *, context, generator=None) -> DraftTree:
         device = torch.device("cpu")  # trees are host bookkeeping (see DraftTree)
-        tree = DraftTree.root(root_token, device=device)
+        tree = DraftTree.root(root_token, device=device, regime=self.regime)
         node_of = torch.full((len(self.shape),), -1, dtype=torch.long, device=device)  # shape path -> tree node
         for level, parent_path, ranks in self._levels:
             parents = torch.zeros_like(ranks) if int(parent_path[0]) < 0 else node_of[parent_path.to(device)]
@@ -191,7 +203,10 @@ class StaticPolicy(TreePolicy):
                 break
             parents, ranks, level = parents[alive], ranks[alive], level.to(device)[alive]
             expand, row = parents.unique(return_inverse=True)
-            vals, toks = (t.cpu() for t in topk_children(source, tree, expand, int(ranks.max()) + 1))  # to the host
+            toks, vals, probs = sibling_sequence(source, tree, expand, int(ranks.max()) + 1, self.do_sample, generator)
+            if probs is not None:  # the verifier tests each node's draws against the q they were sampled from
+                tree = tree.record_draft_probs(expand, probs)
+            toks, vals = toks.cpu(), vals.cpu()  # [F, <= max rank + 1] sibling sequences to the host tree
             if vals.shape[-1] == 0:  # a sparse source (prompt lookup) proposed nothing at this level
                 break
             ranks_ok = ranks < vals.shape[-1]
