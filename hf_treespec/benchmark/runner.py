@@ -18,18 +18,25 @@ from __future__ import annotations
 import platform
 import statistics
 import time
-import warnings
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
-from ..assets import default_drafter
-from ..drafters import TreeSpecDrafterModel, prompt_lookup, truncated
 from ..generation import enable
 from ..hardware import AUTO_DTYPE, DTYPE_CHOICES, DTYPES, resolve_device, resolve_dtype_name  # noqa: F401  (re-exported)
+from .identity import _plain_logits, divergence  # noqa: F401  (re-exported)
+from .loading import (  # noqa: F401  (re-exported: the loaders moved to loading.py)
+    DATASETS,
+    DRAFTER_FACTORIES,
+    build_prompt,
+    fitting_prompts,
+    load_benchmark_questions,
+    load_drafter,
+    load_model,
+    torch_threads,
+)
 from .methods import (
     BenchMethod,
     Override,
@@ -45,56 +52,6 @@ from .methods import (
 from .results import BASELINE, BenchmarkResult, MethodSummary, QuestionResult  # noqa: F401  (re-exported)
 
 WARMUP_TOKENS = 8
-
-
-def _mtbench(limit: int | None):
-    from ..assets import load_questions
-
-    return load_questions(None, limit)
-
-
-def _sharegpt_dev(limit: int | None):
-    from ..assets import sharegpt_prompts
-
-    return sharegpt_prompts("dev", limit)
-
-
-#: --dataset name -> loader(limit) of question lists
-DATASETS: dict[str, Callable[[int | None], list]] = {"mtbench": _mtbench, "sharegpt-dev": _sharegpt_dev}
-
-
-def _whole_number(arg: str, default: int | None = None) -> int:
-    """The ``N`` of ``--drafter kind:N`` (``default`` when it is left out, where the kind has one)."""
-    if not arg and default is not None:
-        return default
-    try:
-        return int(arg)
-    except ValueError:
-        raise ValueError(f"expected a whole number after ':', got {arg!r}.") from None
-
-
-def _default_drafter(model: torch.nn.Module, arg: str, target_name: str | None) -> torch.nn.Module:
-    """``default`` / ``default:<target>``: the drafter shipped for the named target, else for the loaded one."""
-    name = arg or target_name
-    return default_drafter(model) if name is None else default_drafter(model, target=name)
-
-
-def _oracle_drafter(model: torch.nn.Module, arg: str, target_name: str | None) -> torch.nn.Module:
-    """``oracle``: the target drafting for itself (every layer, shared weights). Its draft distribution is the
-    target's, so its tau is the most any drafter can reach with a given policy and budget; it is slow by design."""
-    if arg:
-        raise ValueError(f"'oracle' takes no argument (it is the whole target), got {arg!r}.")
-    return truncated(model, model.config.get_text_config().num_hidden_layers)  # truncated() checks the layout
-
-
-#: --drafter "<kind>[:<arg>]" -> factory(target model, arg, target name as given to --model or None); any other spec
-#: is a checkpoint path or hub id
-DRAFTER_FACTORIES: dict[str, Callable[[torch.nn.Module, str, str | None], torch.nn.Module]] = {
-    "truncated": lambda model, arg, target_name: truncated(model, _whole_number(arg)),
-    "lookup": lambda model, arg, target_name: prompt_lookup(model, max_ngram_size=_whole_number(arg, default=3)),
-    "default": _default_drafter,
-    "oracle": _oracle_drafter,
-}
 
 
 @dataclass
@@ -176,91 +133,6 @@ class ForwardCounter:
     def __exit__(self, *exc) -> None:
         self._handle.remove()
         self._handle = None
-
-
-@contextmanager
-def torch_threads(threads: int) -> Iterator[None]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
-
-
-def load_model(name_or_path: str, dtype: str, device: torch.device | str = "cpu") -> tuple[torch.nn.Module, Any]:
-    """The target (tree speculation enabled) on ``device`` and its tokenizer: a short asset name, a checkpoint folder
-    or hub id."""
-    from ..assets import load_target
-
-    model, tokenizer = load_target(name_or_path, dtype=DTYPES[dtype])
-    return enable(model.to(device)), tokenizer
-
-
-def load_drafter(spec: str, model: torch.nn.Module, dtype: str, target_name: str | None = None) -> torch.nn.Module:
-    """``truncated:k`` (the target's first k layers, no copy), ``oracle`` (the whole target: the ceiling of any
-    drafter), ``lookup[:n]``, ``default[:<target>]`` (the drafter
-    shipped for ``target_name``, the name ``model`` was loaded from; without one, for SmolLM2-135M-Instruct), or a
-    checkpoint path / hub id.
-
-    A checkpoint whose config is a causal LM loads with ``AutoModelForCausalLM`` (``AutoModel`` would drop its LM
-    head); anything else, e.g. a TreeSpec feature drafter registered with ``AutoModel``, loads with ``AutoModel``.
-    """
-    kind, _, arg = spec.partition(":")
-    if kind in DRAFTER_FACTORIES:
-        try:
-            return DRAFTER_FACTORIES[kind](model, arg, target_name)
-        except ValueError as error:
-            raise ValueError(f"--drafter {spec!r}: {error}") from error
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-
-    config = AutoConfig.from_pretrained(spec)
-    loader = AutoModelForCausalLM if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING else AutoModel
-    drafter = loader.from_pretrained(spec, dtype=DTYPES[dtype]).to(model.device).eval()
-    if isinstance(drafter, TreeSpecDrafterModel):
-        drafter.tie_to_target(model)  # a no-op unless the checkpoint left out the embeddings / LM head
-    return drafter
-
-
-def load_benchmark_questions(config: BenchmarkConfig) -> list:
-    """The first ``num_questions`` questions (all of them when ``max_prompt_tokens`` filters: the cap applies to
-    the questions that fit)."""
-    limit = None if config.max_prompt_tokens is not None else config.num_questions
-    if config.questions is not None:
-        from ..assets import load_questions
-
-        return load_questions(config.questions, limit)
-    return DATASETS[config.dataset](limit)
-
-
-def fitting_prompts(questions: list, prompts: list[torch.Tensor], max_prompt_tokens: int | None,
-                    limit: int | None) -> tuple[list, list[torch.Tensor]]:
-    """The first ``limit`` (question, prompt) pairs whose prompt has at most ``max_prompt_tokens`` tokens: a rule
-    fixed before any result, so long-context outliers (ShareGPT has 4k-token first turns) can be left out of a
-    short-context comparison without picking questions by hand."""
-    if max_prompt_tokens is None:
-        return questions, prompts
-    kept = [(q, p) for q, p in zip(questions, prompts) if p.shape[1] <= max_prompt_tokens][:limit]
-    if not kept:
-        raise ValueError(f"no question has a prompt of at most {max_prompt_tokens} tokens; raise --max-prompt-tokens.")
-    return [q for q, _ in kept], [p for _, p in kept]
-
-
-def build_prompt(tokenizer, question) -> torch.Tensor:
-    """First turn as a chat prompt ending with the assistant header, ``[1, L]``."""
-    if getattr(tokenizer, "chat_template", None) is None:
-        raise ValueError(
-            f"{type(tokenizer).__name__} has no chat template; the benchmark prompts instruct models through "
-            "apply_chat_template. Use an instruct model's tokenizer or set tokenizer.chat_template."
-        )
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": question.turns[0]}], add_generation_prompt=True, tokenize=False
-    )
-    ids = tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
-    if ids.shape[1] == 0:
-        raise ValueError(f"question {question.question_id!r} tokenises to an empty prompt.")
-    return ids
 
 
 def plan_methods(config: BenchmarkConfig) -> tuple[list[BenchMethod], dict[str, tuple[str, Any]]]:
@@ -459,41 +331,6 @@ def _records(config, methods, questions, prompts, runs, model, tokenizer, gen_kw
                     record.divergence = divergence(plain_tokens, tokens, reference_logits[qi])
             records.append(record)
     return records
-
-
-def _plain_logits(model, prompt, gen_kwargs, plain_tokens) -> torch.Tensor:
-    """Plain greedy generate's raw logits ``[n, V]`` (untimed; only needed where a method diverged)."""
-    out = model.generate(prompt, attention_mask=torch.ones_like(prompt), **gen_kwargs, output_logits=True,
-                         return_dict_in_generate=True)
-    tokens = out.sequences[0, prompt.shape[1]:].cpu()
-    if not torch.equal(tokens, plain_tokens):
-        warnings.warn("plain greedy generate gave different tokens on a second call (non-deterministic kernels?); "
-                      "logit gaps at divergences refer to the second call.", stacklevel=2)
-    return torch.cat(out.logits, dim=0).float().cpu()
-
-
-def divergence(plain: torch.Tensor, other: torch.Tensor, plain_logits: torch.Tensor) -> dict[str, Any]:
-    """Where ``other`` first leaves ``plain`` and how close plain's choice was there.
-
-    ``top2_gap``: plain's top-1 minus top-2 logit at that position; ``chosen_gap``: plain's top-1 logit minus its
-    logit for the token the method emitted. Near-zero gaps mean a bf16 rounding tie, not a verification bug.
-    """
-    n = min(plain.numel(), other.numel())
-    mismatch = (plain[:n] != other[:n]).nonzero()
-    position = int(mismatch[0]) if mismatch.numel() else n
-    info: dict[str, Any] = {"position": position, "plain_token": None, "method_token": None,
-                            "top2_gap": None, "chosen_gap": None}
-    if position < plain.numel():
-        info["plain_token"] = int(plain[position])
-    if position < other.numel():
-        info["method_token"] = int(other[position])
-    if position < plain_logits.shape[0]:
-        row = plain_logits[position]
-        top = row.topk(2).values
-        info["top2_gap"] = float(top[0] - top[1])
-        if info["method_token"] is not None:
-            info["chosen_gap"] = float(top[0] - row[info["method_token"]])
-    return info
 
 
 def _settings(config: BenchmarkConfig, labels: dict[str, Any], model, drafter, num_questions: int) -> dict[str, Any]:
