@@ -143,3 +143,16 @@ def test_eagle3_ttt_drafter_round_trips_and_decodes_losslessly(tokenizer, tmp_pa
         out = enabled.generate(prompt, do_sample=False, max_new_tokens=24, assistant_model=drafter,
                                tree_policy=policy, **SMALL_TREES.get(policy, {}), **extra)
         assert torch.equal(out, ref), policy
+
+
+def test_steps_decay_as_eagle3_weighs_them():
+    """EAGLE-3 weighs training-time-test step i by 0.8^i: the default; 1 turns the decay off."""
+    from hf_treespec.trainers.ttt import TTTConfig, TTTTrainer
+
+    depth = torch.tensor([1, 2, 3, 7])
+    trainer = TTTTrainer.__new__(TTTTrainer)
+    trainer.args = TTTConfig(output_dir="unused")
+    assert trainer.args.step_decay == 0.8
+    assert torch.allclose(trainer.item_weights(depth), torch.tensor([1.0, 0.8, 0.64, 0.8 ** 6]))
+    trainer.args = TTTConfig(output_dir="unused", step_decay=1.0)
+    assert trainer.item_weights(depth) is None

@@ -127,7 +127,9 @@ class TTTConfig(TALFConfig):
     """EAGLE-3's training-time test (+ TALF's tree loss): TALF's optimiser settings, ``ttt_steps`` drafter passes."""
 
     ttt_steps: int = field(default=7, metadata={"help": "drafter passes per position (EAGLE-3: 7; 1 = no unroll)"})
-    step_decay: float = field(default=1.0, metadata={"help": "weight of a depth-d item: step_decay ** (d - 1)"})
+    step_decay: float = field(default=0.8, metadata={"help": "weight of a depth-d item: step_decay ** (d - 1) "
+                                                             "(EAGLE-3 weighs training-time-test step i by 0.8^i; "
+                                                             "1 = every depth alike)"})
     tree_loss: bool = field(default=True, metadata={"help": "also score the stored TALF target trees, if any"})
 
 
