@@ -273,6 +273,7 @@ def test_export_eagle3_layout_and_round_trip(target, tmp_path):
     drafter = eagle3_drafter(target)
     folder = to_eagle3(drafter, tmp_path / "export")
     config = json.loads((folder / "config.json").read_text())
+    assert config["norm_before_fc"] is False
     assert config["architectures"] == [EAGLE3_ARCHITECTURE] and config["model_type"] == "llama"
     assert config["draft_vocab_size"] == DRAFT_VOCAB and config["vocab_size"] == VOCAB
     assert config["num_hidden_layers"] == 1 and config["target_hidden_size"] == HIDDEN
@@ -300,11 +301,36 @@ def _speculators():
     return Eagle3Converter, Eagle3DraftModel
 
 
-def test_export_loads_in_speculators_with_equal_logits(target, tmp_path):
+def test_feature_norm_round_trips_as_norm_before_fc(target, tmp_path):
+    """Our default feature norm leaves as EAGLE-3's norm_before_fc extension (its weight folded into fc) and comes
+    back with the same logits."""
+    drafter = eagle3_drafter(target, feature_norm=True)
+    with torch.no_grad():
+        drafter.feature_norm.weight.uniform_(0.5, 2.0)
+    folder = to_eagle3(drafter, tmp_path / "export")
+    assert json.loads((folder / "config.json").read_text())["norm_before_fc"] is True
+    saved = load_file(str(folder / "model.safetensors"))
+    assert torch.equal(saved["input_norm.weight"], torch.ones(3 * HIDDEN))  # its weight is folded into fc
+    back = from_eagle(folder).eval()
+    assert back.config.feature_norm
+    ids, states = torch.randint(0, VOCAB, (2, 7)), torch.randn(2, 7, 3 * HIDDEN) * 50
+    with torch.no_grad():
+        assert torch.allclose(back(ids, states).logits, drafter(ids, states).logits, atol=1e-6)
+        without = copy.deepcopy(drafter)
+        without.feature_norm.weight.fill_(1.0)  # the norm matters: dropping its weights changes the logits
+        assert not torch.allclose(without(ids, states).logits, drafter(ids, states).logits, atol=1e-3)
+
+
+@pytest.mark.parametrize("feature_norm", [False, True])
+def test_export_loads_in_speculators_with_equal_logits(target, tmp_path, feature_norm):
     """export-eagle3 -> speculators' own EAGLE-3 converter -> speculators' Eagle3DraftModel: same layer ids, same
-    draft-vocabulary logits as our drafter on the same tokens and fused target features (one step, no unroll)."""
+    draft-vocabulary logits as our drafter on the same tokens and fused target features (one step, no unroll); a
+    feature norm travels as speculators' norm_before_fc."""
     Eagle3Converter, Eagle3DraftModel = _speculators()
-    drafter = eagle3_drafter(target)
+    drafter = eagle3_drafter(target, feature_norm=feature_norm)
+    if feature_norm:
+        with torch.no_grad():
+            drafter.feature_norm.weight.uniform_(0.5, 2.0)
     target.save_pretrained(tmp_path / "target")
     folder = to_eagle3(drafter, tmp_path / "export")
     layer_ids = json.loads((folder / "config.json").read_text())["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
@@ -347,7 +373,7 @@ def test_export_with_shared_target_modules(target, tmp_path):
     "overrides, message",
     [
         (dict(input_mode="fc"), "input_mode"),
-        (dict(feature_norm=True), "feature_norm"),
+        (dict(feature_norm=True, feature_norm_eps=1e-3), "eps"),
         (dict(target_layers=[0, 1, -1]), "-1"),
         (dict(num_hidden_layers=2), "one decoder layer"),
     ],

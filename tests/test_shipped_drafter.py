@@ -149,3 +149,42 @@ def test_nde_uses_the_selector_shipped_with_the_drafter():
     explicit = model.generate(ids, assistant_model=drafter, tree_policy="nde", tree_selector=chain, max_new_tokens=16,
                               do_sample=True, return_dict_in_generate=True)
     assert set(explicit.tree_sizes) == {1}  # the one-node chain of the explicit selector, not the bundled trees
+
+
+@pytest.mark.real_model
+def test_shipped_drafter_exports_to_eagle3_and_loads_in_speculators(tmp_path):
+    """The shipped drafter leaves through export-eagle3 (its feature norm as norm_before_fc) and speculators'
+    Eagle3DraftModel gives its draft-vocabulary logits on the same tokens and target features."""
+    try:
+        from speculators.convert.eagle.eagle3_converter import Eagle3Converter
+        from speculators.models.eagle3 import Eagle3DraftModel
+    except ImportError as error:  # setup.sh installs it (--no-deps: it pins an older transformers and CUDA extras)
+        pytest.skip(f"speculators cannot be imported here ({error})")
+    from hf_treespec.drafters import to_eagle3
+
+    model, _ = load_target(dtype=torch.float32)
+    drafter = default_drafter(model).float().eval()
+    assert drafter.config.feature_norm  # the case the plain EAGLE-3 layout could not express
+    model.save_pretrained(tmp_path / "target")
+    folder = to_eagle3(drafter, tmp_path / "export")
+    Eagle3Converter().convert(folder, tmp_path / "speculators", base_model=str(tmp_path / "target"), validate=False)
+    theirs = Eagle3DraftModel.from_pretrained(tmp_path / "speculators", attn_implementation="eager").eval()
+    assert theirs.config.norm_before_fc
+    # the export leaves the shared embeddings out (servers use the target's): give speculators' model the target's
+    with torch.no_grad():
+        theirs.embed_tokens.weight.copy_(model.get_input_embeddings().weight)
+    torch.manual_seed(0)
+    length = 12
+    ids = torch.randint(0, model.config.vocab_size, (1, length))
+    with torch.no_grad():
+        hidden = model(ids, output_hidden_states=True).hidden_states  # [i + 1] = output of layer i
+        states = torch.cat([hidden[i + 1] for i in drafter.config.target_layers], dim=-1)
+        assert states.shape[-1] == 3 * model.config.hidden_size
+        logits = []
+        hook = theirs.lm_head.register_forward_hook(lambda module, inputs, output: logits.append(output))
+        theirs(hidden_states=states, input_ids=ids, document_ids=torch.zeros(1, length, dtype=torch.long),
+               position_ids=torch.arange(length)[None], ttt_steps=1)
+        hook.remove()
+        ours = drafter(ids, states).logits
+    assert logits[0].shape == ours.shape
+    assert torch.allclose(logits[0], ours, atol=1e-3, rtol=1e-3), float((logits[0] - ours).abs().max())

@@ -18,9 +18,15 @@ EAGLE-3 (SafeAILab ``traineagle3``; vLLM ``Eagle3LlamaForCausalLM``; SGLang ``Ll
     Target layers: ``eagle_aux_hidden_state_layer_ids`` from the config when present, else EAGLE-3's default for
     the target's depth. Those ids count the *inputs* of decoder layers (id j = output of layer j - 1, 0 = the
     embeddings), whereas our ``target_layers`` are layer outputs, so ours = ids - 1.
-Export (``to_eagle3``): drafters with ``input_mode="eagle3"``, ``feature_norm=False``, one layer and a final norm;
-    a shared target LM head is written out as its draft-vocabulary rows; shared embeddings are left out (both
-    servers then use the target's). ``-1`` (pre-norm final state) has no EAGLE-3 aux-layer id and is refused.
+Export (``to_eagle3``): drafters with ``input_mode="eagle3"``, one layer and a final norm; a shared target LM head is
+    written out as its draft-vocabulary rows; shared embeddings are left out (both servers then use the target's).
+    ``-1`` (pre-norm final state) has no EAGLE-3 aux-layer id and is refused. A feature norm (an RMSNorm over the
+    concatenated target states before ``fc``, our default: SmolLM2's states have outlier dimensions) is written as
+    the ``norm_before_fc`` extension of the EAGLE-3 layout (config ``norm_before_fc: true``), which speculators'
+    ``Eagle3DraftModel`` reads. Its weight is folded into ``fc`` (``fc(g * x / rms(x)) = (fc * g)(x / rms(x))``), so
+    ``input_norm.weight`` is all ones and a converter that drops it (speculators 0.9.0's does) loses nothing; a loader
+    of the plain layout that ignores the flag would run the head without its norm (still lossless, fewer accepted
+    tokens). Imports read the same extension back.
 """
 
 from __future__ import annotations
@@ -193,7 +199,7 @@ def _import_eagle3(config, state, target, target_layers, dtype) -> TreeSpecDraft
         target_hidden_size=target_hidden,
         draft_vocab_size=draft_vocab,
         input_mode="eagle3",
-        feature_norm=False,
+        feature_norm="input_norm.weight" in state,  # the norm_before_fc extension (speculators' gpt-oss heads)
         feature_projection=fc is not None,
         final_norm=True,
         share_target_embeddings="embed_tokens.weight" not in state,
@@ -208,6 +214,8 @@ def _import_eagle3(config, state, target, target_layers, dtype) -> TreeSpecDraft
             key = "layers.0." + key[len("midlayer."):]
         elif key == "fc.weight":
             key = "feature_proj.weight"
+        elif key == "input_norm.weight":
+            key = "feature_norm.weight"
         ours[key] = value
     if "d2t" in state:
         d2t = state["d2t"].long() + torch.arange(state["d2t"].numel())
@@ -257,8 +265,9 @@ def _export_problems(config: TreeSpecDrafterConfig) -> list[str]:
     problems = []
     if config.input_mode != "eagle3":
         problems.append("input_mode must be 'eagle3' (the 'fc' layout has no EAGLE-3 equivalent)")
-    if config.feature_norm:
-        problems.append("feature_norm must be False (EAGLE-3 feeds raw target states to fc)")
+    if config.feature_norm and config.feature_norm_eps != config.rms_norm_eps:
+        problems.append(f"the feature norm's eps ({config.feature_norm_eps}) must equal rms_norm_eps "
+                        f"({config.rms_norm_eps}): norm_before_fc uses the layer's eps")
     if config.num_hidden_layers != 1:
         problems.append("exactly one decoder layer is supported")
     if not config.final_norm:
@@ -308,6 +317,7 @@ def eagle3_config(model: TreeSpecDrafterModel, target_num_layers: int | None = N
         "torch_dtype": str(model.dtype).removeprefix("torch."),
         "eagle_config": aux,
         "eagle_aux_hidden_state_layer_ids": ids,
+        "norm_before_fc": bool(config.feature_norm),
     }
 
 
@@ -321,7 +331,12 @@ def eagle3_state_dict(model: TreeSpecDrafterModel) -> dict[str, torch.Tensor]:
             key = "midlayer." + key[len("layers.0."):]
         elif key == "feature_proj.weight":
             key = "fc.weight"
+        elif key == "feature_norm.weight":
+            key, value = "input_norm.weight", torch.ones_like(value)  # norm_before_fc; its weight goes into fc
         state[key] = value.detach().cpu().contiguous()
+    if model.feature_norm is not None:
+        gain = model.feature_norm.weight.detach().float().cpu()
+        state["fc.weight"] = (state["fc.weight"].float() * gain[None, :]).to(state["fc.weight"].dtype).contiguous()
     if "lm_head.weight" not in state:
         head = model.get_output_embeddings()
         if head is None:
