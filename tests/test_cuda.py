@@ -20,13 +20,13 @@ from hf_treespec.policies import POLICIES
 from hf_treespec.verifiers import VERIFIERS
 
 from conftest import perturbed_copy, tiny_llama
+from test_batched_generate import PAD, PROMPTS
+from test_batched_generate import left_padded as cpu_left_padded
 
 #: HF_TREESPEC_TEST_DEVICE=cpu runs this file's checks on the CPU (to check the tests themselves without a GPU)
 CUDA = torch.device(os.environ.get("HF_TREESPEC_TEST_DEVICE", "cuda"))
 pytestmark = pytest.mark.skipif(CUDA.type == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA device")
 GREEDY_POLICIES = ["chain", "eagle2", "optimal", "salf", "dyspec", "iid", "swor", "delayed", "static"]
-PROMPTS = [[3, 17, 42, 8, 8, 21], [5, 9, 33, 2], [11, 40, 7, 7, 19]]
-PAD = 0
 
 
 @pytest.fixture(scope="module")
@@ -49,12 +49,7 @@ def gpu_drafters(gpu_target):
 
 
 def left_padded(prompts=PROMPTS):
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), PAD, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
+    ids, mask = cpu_left_padded(prompts)
     return ids.to(CUDA), mask.to(CUDA)
 
 
