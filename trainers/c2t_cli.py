@@ -100,7 +100,7 @@ def run_c2t(args, threads) -> int:
     from hf_treespec.policies.c2t import C2TClassifier, C2TClassifierConfig
 
     from .c2t import C2TConfig, C2TTrainer, load_c2t_data
-    from .cli_common import config_from_args
+    from .cli_common import config_from_args, save_final
 
     threads(args)
     data = load_c2t_data(args.data)
@@ -113,13 +113,11 @@ def run_c2t(args, threads) -> int:
     trainer = C2TTrainer(model, training_args, train_dataset=train, eval_dataset=evaluation)
     start = time.perf_counter()
     result = trainer.train()
-    trainer.save_model(args.output_dir)
     summary = {"output_dir": args.output_dir, "train_nodes": len(train), "steps": result.global_step,
                "train_loss": round(result.training_loss, 4), "seconds": round(time.perf_counter() - start, 1)}
     if evaluation is not None:
         summary.update(held_out_metrics(model, evaluation))
-    (Path(args.output_dir) / "training_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(json.dumps(summary))
+    save_final(trainer, args.output_dir, summary)
     return 0
 
 

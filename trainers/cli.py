@@ -37,7 +37,7 @@ from hf_treespec.hardware import AUTO_DTYPE, AUTO_DTYPE_HELP, DTYPE_CHOICES, DTY
 
 from .cli_common import (
     ConfigParser, add_config_command, add_short_flags, bf16_supported, config_from_args, precision_overrides,
-    resume_field, resume_from, run_overrides, set_threads,
+    resume_field, resume_from, run_overrides, save_final, set_seed, set_threads,
 )
 from .regenerate import CHUNK_PREFIX as REGEN_CHUNK_PREFIX
 from .regenerate import add_regenerate_parser
@@ -288,6 +288,7 @@ def run_train(args: argparse.Namespace) -> int:
         raise ValueError(f"{', '.join(data.sources)} holds no target trees: prepare with --tree-policy eagle2 for "
                          "TALF.")
     target, _ = load_target(args.target or data.config.target, dtype=torch.bfloat16)
+    set_seed(args.seed)  # a new drafter's initial weights follow --seed (the same on every process)
     drafter = build_drafter(args, target, data)
     bf16 = args.precision == "bf16" or (args.precision == "auto" and bf16_supported())
     training_args = config_from_args(trainer_cls.config_class, args, **precision_overrides(bf16),
@@ -296,13 +297,11 @@ def run_train(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     result = trainer.train(resume_from_checkpoint=resume_from(args))
     seconds = time.perf_counter() - start
-    drafter.save_pretrained(args.output_dir)
     summary = {"objective": args.objective, "output_dir": args.output_dir, "steps": result.global_step,
                "train_loss": round(result.training_loss, 4), "seconds": round(seconds, 1),
                "sequences": len(data.dataset), "tokens": data.num_tokens, "bf16": bf16,
                "last_log": next((log for log in reversed(trainer.state.log_history) if "loss" in log), {})}
-    (Path(args.output_dir) / "training_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(json.dumps(summary))
+    save_final(trainer, args.output_dir, summary)
     return 0
 
 
@@ -488,14 +487,12 @@ def run_nde(args: argparse.Namespace) -> int:
     trainer = NDETrainer(selector, training_args, train_dataset=data, eval_dataset=eval_data)
     start = time.perf_counter()
     result = trainer.train(resume_from_checkpoint=resume_from(args))
-    trainer.save_model(args.output_dir)
     summary = {"output_dir": args.output_dir, "steps": result.global_step, "roots": len(data),
                "train_loss": round(result.training_loss, 4), "seconds": round(time.perf_counter() - start, 1),
                "baseline_actions": selector.config.baseline_actions}
     if eval_data is not None:
         summary["eval"] = {k: round(v, 4) for k, v in trainer.evaluate().items() if isinstance(v, float)}
-    (Path(args.output_dir) / "training_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(json.dumps(summary))
+    save_final(trainer, args.output_dir, summary)
     return 0
 
 

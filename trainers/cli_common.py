@@ -134,3 +134,29 @@ def last_checkpoint(output_dir: str) -> str | None:
     if last is None:
         print(f"no checkpoint in {output_dir}; starting fresh")
     return last
+
+
+def set_seed(seed: int) -> None:
+    """Seeds the RNGs before a model is built, so a new model's initial weights follow ``--seed`` (the Trainer seeds
+    only when it starts, after the model exists)."""
+    import transformers
+
+    transformers.set_seed(seed)
+
+
+def save_final(trainer, output_dir: str, summary: dict[str, Any]) -> None:
+    """The trained model and ``training_summary.json`` in ``output_dir``, written once however many processes train.
+
+    ``trainer.save_model`` writes from the main process only (with FSDP / DeepSpeed every process takes part in
+    gathering the sharded weights first), the main process writes and prints the summary, and every process waits
+    until both are on disk before the command returns.
+    """
+    import json
+
+    trainer.save_model(output_dir)
+    if trainer.args.should_save:
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+        (Path(output_dir) / "training_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if trainer.is_world_process_zero():
+        print(json.dumps(summary))
+    trainer.accelerator.wait_for_everyone()

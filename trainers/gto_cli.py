@@ -14,10 +14,8 @@ run.yaml`` sets any of them.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from hf_treespec.hardware import AUTO_DTYPE, AUTO_DTYPE_HELP, DTYPES, resolve_dtype_name
 
@@ -59,7 +57,8 @@ def run_gto(args: argparse.Namespace) -> int:
     from hf_treespec.assets import load_target, shipped_drafter_path
     from hf_treespec.drafters import TreeSpecDrafterModel
 
-    from .cli_common import resume_from, run_overrides, set_threads, config_from_args, precision_overrides
+    from .cli_common import (config_from_args, precision_overrides, resume_from, run_overrides, save_final,
+                             set_threads)
     from .data import load_prepared
     from .gto import GTOConfig, GTOTrainer
 
@@ -84,12 +83,10 @@ def run_gto(args: argparse.Namespace) -> int:
     trainer = GTOTrainer(drafter, training_args, target_model=target, train_dataset=data, eval_dataset=eval_data)
     start = time.perf_counter()
     result = trainer.train(resume_from_checkpoint=resume_from(args))
-    drafter.save_pretrained(args.output_dir)
     logs = [log for log in trainer.state.log_history if "loss" in log]
     summary = {"objective": "gto", "init": init, "output_dir": args.output_dir, "steps": result.global_step,
                "train_loss": round(result.training_loss, 4), "seconds": round(time.perf_counter() - start, 1),
                "sequences": len(data.dataset), "first_log": logs[0] if logs else {},
                "last_log": logs[-1] if logs else {}}
-    (Path(args.output_dir) / "training_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(json.dumps(summary))
+    save_final(trainer, args.output_dir, summary)
     return 0

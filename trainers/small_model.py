@@ -25,6 +25,8 @@ class SmallModelTrainerMixin:
         """Checkpoints and the final output are the model's own ``save_pretrained`` folders."""
         from transformers.trainer import TRAINING_ARGS_NAME
 
+        if not self.args.should_save:  # several processes: the main one writes
+            return
         output_dir = output_dir or self.args.output_dir
         os.makedirs(output_dir, exist_ok=True)
         self.accelerator.unwrap_model(self.model).save_pretrained(output_dir)

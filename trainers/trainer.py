@@ -9,6 +9,8 @@ accumulation and multi-device runs weigh every scored position / tree node equal
 
 from __future__ import annotations
 
+import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -35,7 +37,8 @@ class DrafterTrainingArguments(TrainingArguments):
 
     Optimisation follows the papers (EAGLE-3 / HASS / TALF train with it): peak lr 3e-4, cosine schedule with 5%
     warm-up, AdamW betas (0.9, 0.95), gradient clipping at 0.5. The collators read every dataset column, and
-    evaluation reports the loss (and per-depth top-1 agreement) rather than collecting logits.
+    evaluation reports the loss (and per-depth top-1 agreement) rather than collecting logits. Several processes
+    (``accelerate launch`` / ``torchrun``) train one drafter with DDP: each reads its shard of every global batch.
     """
 
     learning_rate: float = field(default=3e-4, metadata={"help": "peak learning rate"})
@@ -52,6 +55,10 @@ class DrafterTrainingArguments(TrainingArguments):
     remove_unused_columns: bool = field(default=False, metadata={"help": "collators need every prepared column"})
     prediction_loss_only: bool = field(default=True, metadata={"help": "evaluation reports losses and metrics"})
     dataloader_pin_memory: bool = pin_memory_field()
+    # every drafter parameter gets a gradient at every step (a batch with nothing to score still returns a loss
+    # connected to all of them), so DDP need not search the graph for unused ones
+    ddp_find_unused_parameters: bool | None = field(default=False, metadata={
+        "help": "DDP searches each step's graph for parameters without gradients (off: drafters use them all)"})
 
 
 @dataclass
@@ -139,6 +146,7 @@ class DrafterTrainer(MetricsMixin, Trainer):
         if self.args.n_gpu > 1:
             raise ValueError("drafter trainers run one process per device: launch multi-GPU runs with "
                              "`accelerate launch` or `torchrun` (DataParallel is not supported).")
+        check_launch(self.args)
         # our compute_loss normalises by num_items_in_batch itself; the Trainer counts it from `labels`
         self.model_accepts_loss_kwargs = True
         self.target_head = target_head.to(self.args.device)
@@ -230,6 +238,25 @@ class DrafterTrainer(MetricsMixin, Trainer):
 
 def _gather(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return values.gather(1, index[..., None].expand(-1, -1, values.shape[-1]))
+
+
+def check_launch(args: TrainingArguments) -> None:
+    """Refuses a process started as one of several (``WORLD_SIZE`` > 1: ``accelerate launch``, ``torchrun``) that the
+    Trainer does not train with the others: each would train its own drafter and overwrite the others' checkpoints.
+    That happens on a machine without GPUs unless the run says ``use_cpu`` (the processes then join over gloo).
+    Warns when ``accelerate launch --cpu --num_processes N`` started a single process (it needs MPI for more)."""
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    cpu_launch = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true") and "MASTER_ADDR" in os.environ
+    mpi = any(key in os.environ for key in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"))
+    if launched == 1 and cpu_launch and not mpi:
+        warnings.warn("`accelerate launch --cpu --num_processes N` without MPI starts one process, which trains alone; "
+                      "for several CPU processes use `accelerate launch --multi_gpu --num_processes N ... --use_cpu`.",
+                      stacklevel=3)
+    if launched > 1 and args.world_size != launched:
+        raise ValueError(f"this process was started as one of {launched} (WORLD_SIZE={launched}), but its Trainer "
+                         f"sees a world of {args.world_size}: each process would train a drafter of its own. On a "
+                         "machine without GPUs pass --use_cpu (use_cpu=True) so the processes train one drafter "
+                         "together over gloo.")
 
 
 class EAGLETrainer(DrafterTrainer):
