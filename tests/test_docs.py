@@ -3,7 +3,7 @@
 Convention (what a documentation block may rely on): blocks are written for the real SmolLM2-135M-Instruct, but
 here loading that model by name gives tiny random stand-ins, so the whole file runs in seconds:
 
-- ``AutoModelForCausalLM.from_pretrained("HuggingFaceTB/SmolLM2-135M-Instruct")`` (or ``-360M-Instruct``) and
+- ``AutoModelForCausalLM.from_pretrained("HuggingFaceTB/SmolLM2-135M-Instruct")`` (or ``-1.7B-Instruct``) and
   ``hf_treespec.assets.load_target("smollm2-135m-instruct")`` (or the Hub id) return a random 8-layer Llama with a
   64-token vocabulary; ``AutoTokenizer.from_pretrained`` of that id (and ``load_target``'s tokenizer) a
   character-level tokenizer with a chat template (``conftest.char_tokenizer``);
@@ -14,8 +14,8 @@ here loading that model by name gives tiny random stand-ins, so the whole file r
 
 Any other model name goes to the real loaders. Blocks run in a temporary working directory (files they write land
 there) with ``HF_TREESPEC_CACHE`` pointing into it. ``HF_TREESPEC_DOCS_REAL=1`` runs the blocks on the real models
-instead (no stand-ins, no token cap: minutes, and the 360M model needs the Hub). Command lines belong in ```bash blocks, which are not run;
-```text blocks hold output. A block that cannot run in this test has no place in a ```python fence.
+instead (no stand-ins, no token cap: minutes, and the 1.7B model needs the Hub). Command lines belong in ```bash
+blocks, which are not run; ```text blocks hold output. A block that cannot run here has no place in a ```python fence.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ from conftest import char_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-SMOLLM2_IDS = {"HuggingFaceTB/SmolLM2-135M-Instruct", "smollm2-135m-instruct", "HuggingFaceTB/SmolLM2-360M-Instruct"}
+SMOLLM2_IDS = {"HuggingFaceTB/SmolLM2-135M-Instruct", "smollm2-135m-instruct",
+               "HuggingFaceTB/SmolLM2-1.7B-Instruct"}
 CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ .!?+/012345"  # 64 tokens, chat template included
 MAX_NEW_TOKENS = 8
 REAL = os.environ.get("HF_TREESPEC_DOCS_REAL") == "1"
@@ -126,7 +127,7 @@ def stand_ins(monkeypatch, tmp_path, drafter_folder):
 
     def load_model(name, *args, **kwargs):
         if str(name) in SMOLLM2_IDS:
-            return tiny_target(seed=int("360M" in str(name))).to(kwargs.get("dtype") or torch.float32)
+            return tiny_target(seed=int("1.7B" in str(name))).to(kwargs.get("dtype") or torch.float32)
         return model_loader(name, *args, **kwargs)
 
     def load_tokenizer(name, *args, **kwargs):
