@@ -500,7 +500,7 @@ def run_nde(args: argparse.Namespace) -> int:
 @subcommand("export-eagle3")
 def _add_export(commands) -> None:
     p = commands.add_parser("export-eagle3", help="write a TreeSpecDrafterModel (input_mode eagle3) in the EAGLE-3 "
-                                                  "layout vLLM and SGLang load")
+                                                  "layout (a feature norm as norm_before_fc)")
     p.add_argument("--drafter", required=True, help="TreeSpecDrafterModel folder")
     p.add_argument("--target", default="smollm2-135m-instruct",
                    help="its target (asset short name, checkpoint folder or .gguf): a shared LM head is written out")

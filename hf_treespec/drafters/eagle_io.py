@@ -1,5 +1,6 @@
 """EAGLE checkpoints in and out: import public EAGLE-1 / EAGLE-3 draft heads into :class:`TreeSpecDrafterModel`, and
-export ours to the EAGLE-3 layout that vLLM and SGLang load.
+export ours to the EAGLE-3 layout (the one vLLM and SGLang read; tested here against speculators' converter and
+model, not in those servers).
 
 What is supported, precisely:
 

@@ -6,7 +6,7 @@ one small decoder layer predict several tokens ahead (EAGLE). Two input layouts,
 
 ``"fc"`` (default; EAGLE-1 layout)
     ``x = fc([embed(token); feature])`` -> ``LlamaDecoderLayer`` x N -> RMSNorm -> LM head.
-``"eagle3"`` (EAGLE-3 layout, exportable to vLLM / SGLang)
+``"eagle3"`` (EAGLE-3 layout, exportable as an EAGLE-3 head: see `eagle_io`)
     the first layer's attention reads ``[input_layernorm(embed(token)); hidden_norm(feature)]`` (2 x hidden) and its
     residual stream starts from the feature; further layers are plain ``LlamaDecoderLayer``.
 
