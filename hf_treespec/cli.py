@@ -36,7 +36,8 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--drafter", default="default",
                         help="default (the feature drafter shipped for --model: hf_treespec.assets.default_drafter), "
                              "truncated:K (target's first K layers), oracle (the whole target drafting for itself: "
-                             "the tau ceiling of any drafter for a policy and budget), lookup:N (prompt-lookup tree "
+                             "the tau a deterministic tree of that policy and budget can hold with a perfect drafter; sampled trees are "
+                             "not bounded by it), lookup:N (prompt-lookup tree "
                              "drafting with n-grams up to N), a checkpoint path / hub id, or 'none'")
     parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
                         help=AUTO_DTYPE_HELP)

@@ -48,7 +48,9 @@ def _default_drafter(model: torch.nn.Module, arg: str, target_name: str | None) 
 
 def _oracle_drafter(model: torch.nn.Module, arg: str, target_name: str | None) -> torch.nn.Module:
     """``oracle``: the target drafting for itself (every layer, shared weights). Its draft distribution is the
-    target's, so its tau is the most any drafter can reach with a given policy and budget; it is slow by design."""
+    target's, so its tau is the most a drafter can reach with a deterministic (top-ranked) tree policy and budget;
+    sampled trees verified by speculative sampling accept every draft of such a drafter, so they are not bounded by
+    it. Slow by design."""
     if arg:
         raise ValueError(f"'oracle' takes no argument (it is the whole target), got {arg!r}.")
     return truncated(model, model.config.get_text_config().num_hidden_layers)  # truncated() checks the layout
@@ -84,8 +86,8 @@ def load_model(name_or_path: str, dtype: str, device: torch.device | str = "cpu"
 
 
 def load_drafter(spec: str, model: torch.nn.Module, dtype: str, target_name: str | None = None) -> torch.nn.Module:
-    """``truncated:k`` (the target's first k layers, no copy), ``oracle`` (the whole target: the ceiling of any
-    drafter), ``lookup[:n]``, ``default[:<target>]`` (the drafter
+    """``truncated:k`` (the target's first k layers, no copy), ``oracle`` (the whole target: what a deterministic tree of
+    that policy and budget can hold, not a bound on drafters in general), ``lookup[:n]``, ``default[:<target>]`` (the drafter
     shipped for ``target_name``, the name ``model`` was loaded from; without one, for SmolLM2-135M-Instruct), or a
     checkpoint path / hub id.
 
