@@ -122,3 +122,34 @@ def test_batches_are_pinned_only_for_a_gpu(name):
     import torch
 
     assert CONFIGS[name](output_dir="x").dataloader_pin_memory == torch.cuda.is_available()
+
+
+def _parser_defaults(command: str) -> dict:
+    parser = argparse.ArgumentParser(prog="hf-treespec")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    train = next(a for a in parser._subparsers._group_actions[0].choices["train"]._actions
+                 if isinstance(a, argparse._SubParsersAction))
+    return {a.dest: a.default for a in train.choices[command]._actions if a.dest != "help"}
+
+
+@pytest.mark.parametrize("command, config_path", [
+    ("prepare", "hf_treespec.trainers.data:PrepareConfig"),
+    ("c2t-data", "hf_treespec.trainers.c2t:C2TDataConfig"),
+    ("nde-data", "hf_treespec.trainers.nde_data:NDEDataConfig"),
+])
+def test_data_command_defaults_equal_their_config_defaults(command, config_path):
+    """An option that restates a data config's field must not drift from it (prepare's --chunk-size once said 32
+    against PrepareConfig's 64)."""
+    import importlib
+
+    module, _, name = config_path.partition(":")
+    config_class = getattr(importlib.import_module(module), name)
+    defaults = {f.name: f.default for f in dataclasses.fields(config_class) if f.default is not dataclasses.MISSING}
+    options = _parser_defaults(command)
+    # deliberate differences, each for a reason: the command makes TALF data by default (the library config, none);
+    # nde-data's verifier follows --temperature (greedy at 0, else the config's specinfer)
+    deliberate = {("prepare", "tree_policy"), ("nde-data", "verifier")}
+    shared = sorted(set(options) & set(defaults) - {"target", "drafter", "seed"})
+    assert len(shared) >= 3, shared
+    for key in (k for k in shared if (command, k) not in deliberate):
+        assert options[key] == defaults[key], (command, key, options[key], defaults[key])

@@ -45,10 +45,11 @@ COLUMNS = ("features", "label", "rank", "depth", "expanded", "prompt", "position
 
 @dataclass
 class C2TDataConfig:
-    """Settings of ``c2t-data``: the EAGLE-2 tree (paper: top-k 10, no rerank) and where roots are taken."""
+    """Settings of ``c2t-data``: the EAGLE-2 tree (the paper's: top-k 10, depth 11, no rerank) and where roots are
+    taken."""
 
     tree_topk: int = 10
-    tree_depth: int = 5
+    tree_depth: int = 11
     max_new_tokens: int = 64
     root_every: int = 16
     entropy_top: int = 1000

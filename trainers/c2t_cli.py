@@ -22,7 +22,7 @@ def add_c2t_commands(commands, common, threads) -> None:
     p.add_argument("--max-prompt-length", type=int, default=768, help="skip prompts longer than this (tokens)")
     p.add_argument("--dtype", default=AUTO_DTYPE, choices=DTYPE_CHOICES, help=f"target / drafter dtype; {AUTO_DTYPE_HELP}")
     p.add_argument("--tree-topk", type=int, default=10)
-    p.add_argument("--tree-depth", type=int, default=5)
+    p.add_argument("--tree-depth", type=int, default=11, help="the C2T paper's training trees are 11 deep")
     p.add_argument("--max-new-tokens", type=int, default=64, help="greedy trajectory length per prompt")
     p.add_argument("--root-every", type=int, default=16, help="a tree root every N generated tokens")
     p.add_argument("--chunk-size", type=int, default=10, help="prompts per resumable chunk file")
@@ -52,7 +52,7 @@ def add_c2t_commands(commands, common, threads) -> None:
 
 def _prompts(args, tokenizer) -> list:
     from hf_treespec.assets import sharegpt_prompts
-    from hf_treespec.benchmark.runner import build_prompt
+    from hf_treespec.benchmark.loading import build_prompt
 
     questions = sharegpt_prompts("train", args.skip + args.num_prompts)[args.skip :]
     prompts = [build_prompt(tokenizer, q) for q in questions]
@@ -61,7 +61,7 @@ def _prompts(args, tokenizer) -> list:
 
 def run_c2t_data(args, threads) -> int:
     from hf_treespec.assets import load_target
-    from hf_treespec.benchmark.runner import load_drafter
+    from hf_treespec.benchmark.loading import load_drafter
 
     from .c2t import C2TDataConfig, generate_c2t_data, rank_acceptance
 

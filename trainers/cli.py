@@ -108,14 +108,14 @@ def _add_prepare(commands) -> None:
     p.add_argument("--dtype", default=AUTO_DTYPE, choices=DTYPE_CHOICES,
                    help=f"target dtype; {AUTO_DTYPE_HELP}")
     p.add_argument("--storage-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    p.add_argument("--chunk-size", type=int, default=32, help="conversations per resumable chunk")
+    p.add_argument("--chunk-size", type=int, default=64, help="conversations per resumable chunk")
     p.add_argument("--batch-tokens", type=int, default=4096, help="padded tokens per target forward")
     p.add_argument("--tree-policy", default="eagle2",
                    help="policy the target grows TALF trees with ('none' for EAGLE/HASS-only data; 'chain' for "
                         "evaluation data)")
     p.add_argument("--tree-topk", type=int, default=TALF_TREE["tree_topk"])
     p.add_argument("--tree-depth", type=int, default=TALF_TREE["tree_depth"])
-    p.add_argument("--tree-positions", default="64",
+    p.add_argument("--tree-positions", default=64,
                    help="tree roots sampled per conversation, or 'all' (cost: ~expanded nodes target tokens each)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(handler=run_prepare)
@@ -393,7 +393,7 @@ def _add_nde_data(commands) -> None:
 
 def _nde_prompts(args, tokenizer) -> list:
     from hf_treespec.assets import load_questions, sharegpt_prompts
-    from hf_treespec.benchmark.runner import build_prompt
+    from hf_treespec.benchmark.loading import build_prompt
 
     limit = args.skip + args.num_prompts
     questions = (load_questions(args.questions, limit) if args.questions else sharegpt_prompts(args.split, limit))
@@ -403,7 +403,7 @@ def _nde_prompts(args, tokenizer) -> list:
 
 def run_nde_data(args: argparse.Namespace) -> int:
     from hf_treespec.assets import load_target
-    from hf_treespec.benchmark.runner import load_drafter
+    from hf_treespec.benchmark.loading import load_drafter
     from hf_treespec.drafters import TreeSpecDrafterModel
 
     from .latency import measure_latency
