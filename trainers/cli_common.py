@@ -160,3 +160,16 @@ def save_final(trainer, output_dir: str, summary: dict[str, Any]) -> None:
     if trainer.is_world_process_zero():
         print(json.dumps(summary))
     trainer.accelerator.wait_for_everyone()
+
+
+def add_common_options(parser: argparse.ArgumentParser) -> None:
+    """``--target``, ``--threads`` and ``--no-progress``: the options every non-Trainer command takes."""
+    parser.add_argument("--target", default="smollm2-135m-instruct",
+                        help="target model: asset short name, checkpoint folder or .gguf file")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+
+def int_list(text: str) -> list[int]:
+    """A comma list of whole numbers (``1,14,26``)."""
+    return [int(x) for x in text.split(",") if x.strip()]
