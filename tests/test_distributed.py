@@ -23,13 +23,11 @@ import torch
 pytest.importorskip("accelerate", reason="multi-process training launches with accelerate (the `train` extra)")
 
 from conftest import char_tokenizer, train_cli  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+from test_trainers import CHARS, tiny_target  # noqa: E402
 
 from hf_treespec.drafters import TreeSpecDrafterConfig, TreeSpecDrafterModel, build_draft_vocab  # noqa: E402
 from hf_treespec.trainers import PrepareConfig, load_prepared, prepare_dataset  # noqa: E402
 
-VOCAB = 64
-CHARS = (string.ascii_letters + string.digits + "+/")[:VOCAB]
 # Measured on this tiny setup (fp32): two processes' losses and gradient norms differ from one process's by at most
 # 2e-7 relative for TALF and 2e-6 for GTO (its second step), the saved weights by at most 5e-7 absolute (weights ~1):
 # round-off from per-process partial sums, gradients averaged by all-reduce, batches of 2 padded differently from
@@ -60,13 +58,7 @@ def workspace(tmp_path_factory) -> Path:
     GTO from. 8 rows = 2 global batches of 4: with a last partial batch, accelerate would pad each process's shard
     by repeating rows (``even_batches``) and the runs would no longer see the same data."""
     root = tmp_path_factory.mktemp("distributed")
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         bos_token_id=None, eos_token_id=None, pad_token_id=None, tie_word_embeddings=False)
-    target = LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        target.lm_head.weight.mul_(12.0)
+    target = tiny_target()
     tokenizer = char_tokenizer(CHARS, chat=True)
     target.save_pretrained(root / "target")
     tokenizer.save_pretrained(root / "target")

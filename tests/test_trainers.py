@@ -60,16 +60,21 @@ def tokenizer() -> PreTrainedTokenizerFast:
     return out
 
 
-@pytest.fixture(scope="module")
-def target() -> LlamaForCausalLM:
+def tiny_target() -> LlamaForCausalLM:
+    """A 2-layer random Llama over the character vocabulary, seeded, with peaked distributions like a real LM's."""
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                          bos_token_id=None, eos_token_id=None, pad_token_id=None, tie_word_embeddings=False)
     model = LlamaForCausalLM(config).eval()
     with torch.no_grad():
-        model.lm_head.weight.mul_(12.0)  # peaked distributions, like a real LM
+        model.lm_head.weight.mul_(12.0)
     return model
+
+
+@pytest.fixture(scope="module")
+def target() -> LlamaForCausalLM:
+    return tiny_target()
 
 
 def conversations(count: int, seed: int = 0) -> list[dict]:
