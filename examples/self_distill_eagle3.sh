@@ -7,7 +7,7 @@
 # Every step resumes: rerun the script after any interruption (finished regenerate / prepare chunks are skipped,
 # training continues from its last checkpoint). On a GPU machine every step runs there; bring back only $RUNS/ship.
 #
-#   GPU:  RUNS=runs PROMPTS=16000 bash examples/self_distill_eagle3.sh          (H100: ~1 h regenerate, see below)
+#   GPU:  RUNS=runs PROMPTS=16000 bash examples/self_distill_eagle3.sh          (not yet timed on a GPU)
 #   CPU:  RUNS=runs PROMPTS=1000 THREADS=2 bash examples/self_distill_eagle3.sh (days at 2 threads: see BENCHMARKS.md)
 #   STEPS="regenerate prepare" bash examples/self_distill_eagle3.sh             (run only some steps)
 set -euo pipefail

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Train a TreeSpec feature drafter for SmolLM2-135M-Instruct on one CPU machine: extract target states (with TALF
 # target trees) once, EAGLE warm-up, then TALF (or HASS) from the warm-up, then held-out acceptance per depth.
-# This is the recipe of the shipped drafter (EAGLE-3 inputs, 10 + 2 epochs over 1024 ShareGPT train records: ~16 min of
-# extraction and ~40 min of training on 2 avx512_bf16 cores); on such a small data set more epochs pay (BENCHMARKS.md).
+# This is the first stage of the shipped drafter's recipe (EAGLE-3 inputs, 10 + 2 epochs over 1024 ShareGPT train
+# records: ~16 min of extraction and ~40 min of training on 2 avx512_bf16 cores); the shipped drafter then trained on
+# with the target's own answers (`train regenerate`, BENCHMARKS.md section 6 and docs/history.md).
 # Every step is resumable: rerun the same command after an interruption (finished data chunks are skipped;
 # --resume continues from the last checkpoint).
 set -euo pipefail
