@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..tree import DraftTree
+from ..tree import DraftTree, to_host
 from .base import POLICIES, TreePolicy, topk_children
 
 #: a generic decaying per-rank acceptance profile (an assumption, NOT a measurement: top-1 around 0.6, the tail
@@ -191,7 +191,7 @@ class StaticPolicy(TreePolicy):
                 break
             parents, ranks, level = parents[alive], ranks[alive], level.to(device)[alive]
             expand, row = parents.unique(return_inverse=True)
-            vals, toks = (t.cpu() for t in topk_children(source, tree, expand, int(ranks.max()) + 1))  # to the host
+            vals, toks = to_host(*topk_children(source, tree, expand, int(ranks.max()) + 1))  # to the host
             if vals.shape[-1] == 0:  # a sparse source (prompt lookup) proposed nothing at this level
                 break
             ranks_ok = ranks < vals.shape[-1]
