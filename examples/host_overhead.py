@@ -25,6 +25,14 @@ time is subtracted like every other target forward):
 Run it on a quiet machine: process time is less sensitive to other load than wall time, but not immune. With
 ``--device cuda`` it also counts host-device syncs per step (``torch.cuda.set_sync_debug_mode("warn")``); the
 syncs of the prefill and of the final ``synchronize`` are included in the count but not in the step count.
+
+``--syncs`` counts instead, on any device, the operations of a step that would make the host wait for a GPU
+(`hf_treespec.sync_counter.SyncCounter`: device -> host reads, host -> device copies, and the syncs they cost), for
+each policy of ``--policies``, greedy and sampling, one prompt and a batch of 4, and prints one table
+(``--tiny``: a 4-layer random Llama with a random feature drafter instead of the shipped pair):
+
+    python examples/host_overhead.py --syncs --tiny --max-new-tokens 48
+    python examples/host_overhead.py --syncs --num-questions 4 --max-new-tokens 48
 """
 
 from __future__ import annotations
@@ -102,8 +110,13 @@ def main() -> None:
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="extra generate kwargs, e.g. --set tree_budget=16 (repeatable)")
+    parser.add_argument("--syncs", action="store_true", help="count syncs per step (any device) and print a table")
+    parser.add_argument("--policies", default="chain,eagle2,salf,dyspec,iid", help="with --syncs: policies to count")
+    parser.add_argument("--tiny", action="store_true", help="with --syncs: tiny random target and feature drafter")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.syncs:
+        return count_syncs(args)
 
     model, tokenizer = load_target(dtype=torch.float32 if args.dtype == "fp32" else torch.bfloat16)
     model = hf_treespec.enable(model.to(args.device))
@@ -164,6 +177,75 @@ def main() -> None:
     if len(per_question) > 1:
         print(f"host only per step across questions (ms): median {1000 * statistics.median(per_question):.2f}, "
               f"min {1000 * min(per_question):.2f}, max {1000 * max(per_question):.2f}")
+
+
+def tiny_pair(device: str):
+    """A 4-layer random Llama (vocabulary 64) and a random one-layer feature drafter for it, plus 4 random prompts."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from hf_treespec.drafters import TreeSpecDrafterConfig, TreeSpecDrafterModel
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, bos_token_id=None, eos_token_id=None,
+                         pad_token_id=None)
+    model = hf_treespec.enable(LlamaForCausalLM(config).eval().to(device))
+    with torch.no_grad():
+        model.lm_head.weight.mul_(12.0)  # peaked distributions, like a real LM's
+    drafter = TreeSpecDrafterModel(TreeSpecDrafterConfig.for_target(config)).eval().to(device)
+    prompts = [torch.randint(1, 64, (1, n), device=device) for n in (12, 9, 15, 7)]
+    return model, drafter, prompts
+
+
+def count_syncs(args) -> None:
+    """Syncs per complete step (`SyncCounter.steps`), per policy x mode x batch size, as a markdown table."""
+    from hf_treespec.sync_counter import SyncCounter
+
+    dtype = torch.float32 if args.dtype == "fp32" else torch.bfloat16
+    if args.tiny:
+        model, drafter, prompts = tiny_pair(args.device)
+        pad = 0
+    else:
+        model, tokenizer = load_target(dtype=dtype)
+        model = hf_treespec.enable(model.to(args.device))
+        drafter = default_drafter(model)
+        prompts = [build_prompt(tokenizer, q).to(args.device) for q in load_questions(limit=args.num_questions)]
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    extra = {key: parse_value(value) for key, value in (item.split("=", 1) for item in args.set)}
+    print(f"max_new_tokens={args.max_new_tokens} prompts={len(prompts)} settings={extra or '{}'} "
+          f"model={'tiny' if args.tiny else 'shipped'}")
+    print("| policy | mode | batch | syncs / step | reads / step | copies / step | max syncs in a step |")
+    print("|---|---|---|---|---|---|---|")
+    for policy in args.policies.split(","):
+        for mode in ("greedy", "sampling"):
+            for batch in (1, 4):
+                steps = []
+                for start in range(0, len(prompts) - batch + 1, batch):
+                    group = prompts[start : start + batch]
+                    width = max(p.shape[1] for p in group)
+                    ids = torch.full((len(group), width), pad, dtype=torch.long, device=args.device)
+                    mask = torch.zeros_like(ids)
+                    for row, p in enumerate(group):  # left padding
+                        ids[row, width - p.shape[1]:] = p[0]
+                        mask[row, width - p.shape[1]:] = 1
+                    kwargs = dict(assistant_model=drafter, tree_policy=policy, max_new_tokens=args.max_new_tokens,
+                                  pad_token_id=pad, **extra)
+                    if mode == "sampling":
+                        kwargs.update(do_sample=True, temperature=1.0, top_k=50)
+                        torch.manual_seed(start)
+                    else:
+                        kwargs.update(do_sample=False)
+                    with torch.no_grad(), SyncCounter(model, drafter) as counter:
+                        counter.mark(ids, mask)
+                        model.generate(ids, attention_mask=mask, **kwargs)
+                    steps += counter.steps
+                if not steps:
+                    print(f"| {policy} | {mode} | {batch} | (no complete step) | | | |")
+                    continue
+                mean = lambda values: sum(values) / len(steps)  # noqa: E731
+                print(f"| {policy} | {mode} | {batch} | {mean([s.syncs for s in steps]):.1f} | "
+                      f"{mean([s.reads for s in steps]):.1f} | {mean([s.copies for s in steps]):.1f} | "
+                      f"{max(s.syncs for s in steps)} |")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ TREE_MASK_ATTENTION = ("sdpa", "eager")
 
 def float_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``[q, kv]`` bool visibility -> ``[1, 1, q, kv]`` additive float mask in ``dtype``."""
-    mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+    mask = visible.new_zeros(visible.shape, dtype=dtype)
     mask.masked_fill_(~visible, torch.finfo(dtype).min)
     return mask[None, None]
 

@@ -18,10 +18,13 @@ from .tree import DraftTree
 def to_device(device: torch.device, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Host tensors moved to ``device`` in ONE copy: their bytes are packed into one buffer, copied, and viewed back
     (a tree forward's ids, positions, mask and per-node indices would otherwise be several small copies, each a
-    host-device round trip on a GPU). Tensors already on ``device`` are returned as they are; no copy off the CPU.
+    host-device round trip on a GPU). Tensors already on ``device`` are returned as they are; on the CPU nothing is
+    packed (each ``.to`` is a no-op there; `hf_treespec.sync_counter` counts the calls in a row as the one copy).
     """
     device = torch.device(device)
-    if device.type == "cpu" or all(t.device == device for t in tensors):
+    if device.type == "cpu":
+        return tuple(t.to(device) for t in tensors)
+    if all(t.device == device for t in tensors):
         return tensors
     return unpack(pack(tensors).to(device), tensors)
 
@@ -54,6 +57,7 @@ def keep_rows(cache: DynamicCache, start: int, rows: torch.Tensor) -> None:
     rows = rows.cpu()
     count = int(rows.numel())
     in_place = bool(torch.equal(rows, torch.arange(count)))
+    sources: dict[torch.device, torch.Tensor] = {}  # the row index, moved once per device (not once per layer)
     for layer in cache.layers:
         if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
             raise ValueError(
@@ -65,7 +69,10 @@ def keep_rows(cache: DynamicCache, start: int, rows: torch.Tensor) -> None:
         if in_place and layer.keys.shape[-2] == start + count:
             continue  # every row is kept where it is (a fully accepted chain): nothing to move or cut
         if not in_place:
-            source = (start + rows).to(layer.keys.device)
+            device = layer.keys.device
+            if device not in sources:
+                sources[device] = (start + rows).to(device)
+            source = sources[device]
             layer.keys[..., start : start + count, :] = layer.keys.index_select(-2, source)
             layer.values[..., start : start + count, :] = layer.values.index_select(-2, source)
         layer.keys = layer.keys[..., : start + count, :]
@@ -125,7 +132,7 @@ class TreeKV:
         """Host ``ids`` and ``positions`` ``[q]`` of the pending tokens + ``nodes``, and their bool visibility
         ``[q, past + q]`` over the cache's rows (``past`` = committed + tree rows) followed by the new tokens."""
         host = tree.device
-        nodes = nodes.to(host)
+        nodes = nodes.cpu()
         num_pending, num_rows, num_new = int(self.pending.numel()), int(self._row_uids.numel()), int(nodes.numel())
         if num_pending and num_rows:
             raise RuntimeError("pending tokens must be fed before any tree row")

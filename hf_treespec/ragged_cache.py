@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
+from .cache import to_device
 from .tree import DraftTree
 
 
@@ -100,10 +101,14 @@ class RaggedKV:
         self.lengths = self.lengths + counts
         new_width = int(self.lengths.max())
         moves = destination != source
+        any_moves = bool(moves.any())
+        indices: dict[torch.device, tuple[torch.Tensor, ...]] = {}  # moved once per device, not once per layer
         for layer in _layers(self.cache):
-            if bool(moves.any()):
+            if any_moves:
                 device = layer.keys.device
-                b, dst, src = batch_idx[moves].to(device), destination[moves].to(device), source[moves].to(device)
+                if device not in indices:
+                    indices[device] = to_device(device, batch_idx[moves], destination[moves], source[moves])
+                b, dst, src = indices[device]
                 layer.keys[b, :, dst] = layer.keys[b, :, src]
                 layer.values[b, :, dst] = layer.values[b, :, src]
             layer.keys = layer.keys[..., :new_width, :]
@@ -126,8 +131,11 @@ class RaggedKV:
         self.rows, self.lengths = self.rows[kept], self.lengths[kept]
         if kept.numel():
             new_width = int(self.lengths.max())
+            on_device: dict[torch.device, torch.Tensor] = {}  # moved once per device, not once per layer
             for layer in layers:
-                index = kept.to(layer.keys.device)
+                if layer.keys.device not in on_device:
+                    on_device[layer.keys.device] = kept.to(layer.keys.device)
+                index = on_device[layer.keys.device]
                 layer.keys = layer.keys.index_select(0, index)[..., :new_width, :]
                 layer.values = layer.values.index_select(0, index)[..., :new_width, :]
 
@@ -141,8 +149,11 @@ class RaggedKV:
         if not self._retired and torch.equal(self.rows, torch.arange(len(final_lengths))):
             # every row still in the cache, in order (no row retired): already laid out; cut and zero the holes
             holes = (torch.arange(width)[None] >= keep[:, None])[:, None, :, None]
+            on_device: dict[torch.device, torch.Tensor] = {}  # moved once per device, not once per layer
             for layer in _layers(self.cache):
-                where = holes.to(layer.keys.device)
+                if layer.keys.device not in on_device:
+                    on_device[layer.keys.device] = holes.to(layer.keys.device)
+                where = on_device[layer.keys.device]
                 layer.keys = layer.keys[..., :width, :].masked_fill(where, 0)
                 layer.values = layer.values[..., :width, :].masked_fill(where, 0)
             return

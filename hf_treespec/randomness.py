@@ -62,7 +62,7 @@ def multinomial_counts(probs: torch.Tensor, num: torch.Tensor, generator: Random
     if _is_source(generator):
         return torch.stack([generator.multinomial(row, int(n)) for row, n in zip(probs, num.tolist())]).to(probs.device)
     most = int(num.max()) if num.numel() else 0
-    counts = torch.zeros(probs.shape, dtype=torch.long, device=probs.device)
+    counts = probs.new_zeros(probs.shape, dtype=torch.long)
     if most == 0:
         return counts
     num = num.to(probs.device)

@@ -164,3 +164,43 @@ def test_auto_budget_calibrates_on_the_gpu(gpu_target, gpu_drafters, tmp_path, m
                               assistant_model=gpu_drafters["perturbed"], tree_policy="salf", tree_budget="auto")
     plain = gpu_target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=12, pad_token_id=PAD)
     assert torch.equal(out, plain)
+
+
+#: most synchronizing calls one complete step of SALF (greedy, one prompt, feature drafter) may make on the device,
+#: as ``torch.cuda.set_sync_debug_mode`` reports them (it warns once per blocking transfer); the CPU-side
+#: `SyncCounter` (tests/test_sync_budget.py) counts these transfers for the same step, which is what runs with
+#: HF_TREESPEC_TEST_DEVICE=cpu
+DEVICE_STEP_BUDGET = 12
+
+
+def test_syncs_per_step_on_the_device(gpu_target, gpu_drafters):
+    import warnings
+
+    from hf_treespec.sync_counter import SyncCounter
+
+    drafter = gpu_drafters["feature"]
+    prompt = torch.tensor([PROMPTS[0]], device=CUDA)
+    kwargs = dict(do_sample=False, max_new_tokens=24, assistant_model=drafter, tree_policy="salf")
+    if CUDA.type != "cuda":
+        with torch.no_grad(), SyncCounter(gpu_target, drafter) as counter:
+            counter.mark(prompt)
+            gpu_target.generate(prompt, attention_mask=torch.ones_like(prompt), **kwargs)
+        per_step = [step.transfers for step in counter.steps]
+    else:
+        gpu_target.generate(prompt, **kwargs)  # warm-up: lazy initialisation syncs once
+        ends = []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            hook = gpu_target.register_forward_hook(
+                lambda *args: ends.append(sum("synchroniz" in str(w.message) for w in caught)))
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                gpu_target.generate(prompt, attention_mask=torch.ones_like(prompt), **kwargs)
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+                hook.remove()
+        # complete steps, as SyncCounter.steps counts them: between the ends of the 2nd and the last target forwards
+        per_step = [b - a for a, b in zip(ends[1:], ends[2:])]
+    assert len(per_step) >= 3
+    assert max(per_step) <= DEVICE_STEP_BUDGET, per_step

@@ -9,7 +9,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
 from ..attention import check_tree_attention
-from ..cache import TreeKV, keep_rows
+from ..cache import TreeKV, keep_rows, to_device
 from ..compat import CACHE_KWARG
 from ..drafters.base import TargetFeatures
 from ..features import capture_hidden_states
@@ -181,14 +181,14 @@ def tree_speculative_decoding(
         processed = process_tree_logits(logits_processor, input_ids, tree, nodes, raw)
         result = verifier.verify(tree, processed)
         target_kv.commit(tree, result.accepted)
-        accepted = result.accepted
-        return states, accepted, raw[accepted], processed[accepted], result.next_token
+        return states, result.accepted, raw, processed, result.next_token
 
     root_only = torch.zeros(1, dtype=torch.long)  # the accepted path of a root-only tree
 
     def target_alone(tree: DraftTree, since: float):
         """A draft-free step is one plain ``generate`` step: the root alone, causally attending to a cache that holds
-        exactly the committed tokens (no tree mask to build), and the target's own choice from the processed row."""
+        exactly the committed tokens (no tree mask to build), and the target's own choice from the processed row
+        (the rows returned are the accepted path's already)."""
         ids = tree.tokens[:1].view(1, 1).to(device)
         positions = torch.tensor([[target_kv.committed]], device=device)
         out, states = target_forward(since, input_ids=ids, position_ids=positions)
@@ -208,23 +208,27 @@ def tree_speculative_decoding(
             tree = DraftTree.root(context.root_token)
         t1 = clock.now()
         draft_free = tree.num_nodes == 1 and target_kv.holds_only_committed
-        # rows of the accepted path (root first): raw and processed target logits
         states, accepted, raw, processed, next_token = (target_alone if draft_free else verify_tree)(tree, t1)
+        new_tokens = torch.cat([tree.tokens[accepted[1:]], torch.tensor([next_token])])
+        # the accepted path's node indices and tokens reach the device in one copy (emit appends the tokens; the rows
+        # pick the path's raw and processed target logits and the drafter's features)
+        rows, device_tokens = to_device(device, accepted, new_tokens)
+        if not draft_free:
+            raw, processed = raw[rows], processed[rows]
         t2 = clock.now()
         if "latencies" in needs:
             draft_mean.add(t1 - t0, source.num_forwards)
         draft_seconds += t1 - t0
         verify_seconds += t2 - t1
         draft_forwards += source.num_forwards
-        new_tokens = torch.cat([tree.tokens[accepted[1:]], torch.tensor([next_token])])
         tree_sizes.append(tree.num_nodes - 1)
         policy.observe(StepOutcome(
             trees=[tree], accepted=[accepted], contexts=[context], width=tree.num_nodes,
             context_length=input_ids.shape[1], draft_seconds=t1 - t0, verify_seconds=t2 - t1,
             draft_rounds=source.num_forwards,
         ))
-        drafter.commit(tree, accepted, drafter_features(states, slice(None) if draft_free else accepted))
-        finished, count = emit(new_tokens, processed, raw)
+        drafter.commit(tree, accepted, drafter_features(states, slice(None) if draft_free else rows))
+        finished, count = emit(device_tokens, processed, raw)
         accepted_lengths.append(count)
         context = step_context(states, processed[-1], int(accepted[-1]), int(new_tokens[count - 1]))
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import nn
 
-from ..tree import DraftTree
+from ..tree import DraftTree, to_host
 from .base import POLICIES, TreePolicy
 from .helper_model import HelperModelMixin
 
@@ -145,7 +145,7 @@ class C2TPolicy(TreePolicy):
             logq = source.logprobs(tree, frontier)
             # entropy and the first top-k on the draft's device; only these [F, k] rows travel to the host tree
             entropy = top_entropy(logq, classifier.config.entropy_top).cpu()
-            vals, toks = (t.cpu() for t in logq.topk(min(k, logq.shape[-1]), dim=-1))  # only these are scored
+            vals, toks = to_host(*logq.topk(min(k, logq.shape[-1]), dim=-1))  # only these are scored
             joint = tree.scores[frontier][:, None] + vals
             feats = node_features(joint, entropy[:, None].expand_as(joint),
                                   torch.full_like(joint, level + 1))

@@ -23,7 +23,7 @@ import torch
 
 from ..randomness import Randomness
 from ..step_context import StepContext
-from ..tree import DraftTree, Regime
+from ..tree import DraftTree, Regime, to_host
 from .base import POLICIES, DraftSource, TreePolicy, sibling_sequence
 
 
@@ -63,7 +63,7 @@ class DySpecPolicy(TreePolicy):
         frontier = torch.zeros(1, dtype=torch.long, device=device)
         while frontier.numel():
             tokens, logq, probs = sibling_sequence(source, tree, frontier, budget, self.do_sample, generator)
-            tokens, logq = tokens.cpu(), logq.cpu()  # [F, <= budget] draws to the host tree (q stays on the device)
+            tokens, logq = to_host(tokens, logq)  # [F, <= budget] draws to the host tree (q stays on the device)
             if probs is not None:  # the verifier tests the draws against the q they were sampled from
                 tree = tree.record_draft_probs(frontier, probs)
             expanded[frontier] = True

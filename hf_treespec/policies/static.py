@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..tree import DraftTree, Regime
+from ..tree import DraftTree, Regime, to_host
 from .base import POLICIES, TreePolicy, sibling_sequence
 
 #: a generic decaying per-rank acceptance profile (an assumption, NOT a measurement: top-1 around 0.6, the tail
@@ -206,7 +206,7 @@ class StaticPolicy(TreePolicy):
             toks, vals, probs = sibling_sequence(source, tree, expand, int(ranks.max()) + 1, self.do_sample, generator)
             if probs is not None:  # the verifier tests each node's draws against the q they were sampled from
                 tree = tree.record_draft_probs(expand, probs)
-            toks, vals = toks.cpu(), vals.cpu()  # [F, <= max rank + 1] sibling sequences to the host tree
+            toks, vals = to_host(toks, vals)  # [F, <= max rank + 1] sibling sequences to the host tree
             if vals.shape[-1] == 0:  # a sparse source (prompt lookup) proposed nothing at this level
                 break
             ranks_ok = ranks < vals.shape[-1]

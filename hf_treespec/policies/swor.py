@@ -6,7 +6,7 @@ import torch
 
 from ..randomness import Randomness, without_replacement
 from ..step_context import StepContext
-from ..tree import DraftTree, Regime
+from ..tree import DraftTree, Regime, to_host
 from .base import POLICIES, DraftSource, TreePolicy
 
 
@@ -46,7 +46,7 @@ class SWORPolicy(TreePolicy):
             probs = logq.exp()
             if self.do_sample:
                 tree = tree.record_draft_probs(frontier, probs)
-            tokens, valid = (t.cpu() for t in without_replacement(probs, k, generator))  # to the host tree
+            tokens, valid = to_host(*without_replacement(probs, k, generator))  # to the host tree
             rows = torch.arange(frontier.numel())[:, None].expand_as(tokens)[valid]
             tokens = tokens[valid]
             start = tree.num_nodes

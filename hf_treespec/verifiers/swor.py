@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from ..randomness import bernoulli
 from ..tree import Regime
 from .base import VERIFIERS, residual, sample
@@ -26,6 +28,5 @@ class SWORVerifier(TopDownVerifier):
             p = residual(p, q)
             q[x] = 0
             total = q.sum()
-            if float(total) > 0:
-                q = q / total
+            q = torch.where(total > 0, q / total, q)  # on the device: no host read of the total
         return sample(p, generator)
