@@ -184,6 +184,7 @@ def run_benchmark(
 ) -> BenchmarkResult:
     """Runs the benchmark described by ``config``; injected objects replace the ones named in it."""
     config.validate()
+    commit = source_commit()  # the code that runs, read before it runs (a checkout may move during a long run)
     labels = {"model": config.model, "drafter": config.drafter}
     if model is None:
         model, tokenizer = load_model(config.model, config.resolved_dtype, config.resolved_device)
@@ -215,6 +216,7 @@ def run_benchmark(
         records = _records(config, methods, questions, prompts, runs, model, tokenizer, gen_kwargs)
 
     settings = _settings(config, labels, model, drafter, len(questions))
+    settings["commit"] = commit
     settings["method_drafters"] = {m.name: m.drafter_spec for m in methods if m.drafter_spec is not None}
     settings["cost_curve"] = curve.to_json() if curve is not None else None
     return BenchmarkResult(
@@ -358,7 +360,6 @@ def _settings(config: BenchmarkConfig, labels: dict[str, Any], model, drafter, n
         torch=torch.__version__,
         transformers=transformers.__version__,
         date=time.strftime("%Y-%m-%d %H:%M:%S"),
-        commit=source_commit(),
     )
     return settings
 
