@@ -129,7 +129,7 @@ def assert_same_weights(first: Path, second: Path) -> None:
 
 
 # transformers 5.6's Trainer restores a resumed run's optimizer state onto "cpu:0", which torch cannot load in a
-# multi-process CPU (gloo) run; 5.24 resumes (releases in between not tried). GPU runs are not affected.
+# multi-process CPU (gloo) run; 5.24 resumes (releases in between, and GPUs, not tried).
 CPU_DDP_RESUMES = version.parse(transformers.__version__) >= version.parse("5.24")
 
 
