@@ -122,10 +122,12 @@ def run_bench(args: argparse.Namespace) -> int:
 
         sizes = [int(x) for x in args.batch_size.split(",") if x.strip()]
         # the report is rewritten after each batch size: an interrupted run keeps what it measured
-        rows, settings = run_batched_benchmark(
-            bench_config(args), sizes, on_batch_size=lambda rows, settings: write_batched_report(
-                rows, settings, args.out, echo=False))
-        folder = write_batched_report(rows, settings, args.out)
+        def report(rows, settings, echo=False):
+            settings["command"] = args.command_line
+            return write_batched_report(rows, settings, args.out, echo=echo)
+
+        rows, settings = run_batched_benchmark(bench_config(args), sizes, on_batch_size=report)
+        folder = report(rows, settings, echo=True)
         print(f"wrote {folder}/ (batched.md, batched.json, batched.png)")
         return 0
 

@@ -207,7 +207,7 @@ def run_batched_benchmark(config, batch_sizes: list[int], on_batch_size: Callabl
     the rows so far and the settings after each batch size."""
     from .runner import (
         build_prompt, fitting_prompts, load_benchmark_questions, load_drafter, load_model, method_drafters,
-        plan_methods, shared_generate_kwargs, torch_threads,
+        plan_methods, shared_generate_kwargs, source_commit, torch_threads,
     )
 
     config.validate()
@@ -236,7 +236,7 @@ def run_batched_benchmark(config, batch_sizes: list[int], on_batch_size: Callabl
             _run_once(method, model, warm_ids, warm_mask, drafters.get(method.name),
                       {**gen_kwargs, "max_new_tokens": min(8, config.max_new_tokens)})
         settings = batch_settings(config, model, len(prompts))
-        settings["batch_sizes"] = batch_sizes
+        settings.update(batch_sizes=batch_sizes, commit=source_commit())  # the code that runs, read before it runs
         if skipped:
             settings["skipped"] = {name: "transformers' assisted generation refuses batches" for name in skipped}
         report = None if on_batch_size is None else (lambda rows_so_far: on_batch_size(rows_so_far, settings))
