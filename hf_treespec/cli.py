@@ -6,20 +6,34 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-#: options the --quick preset fills in when not given: the headline rows only (plain, transformers' assisted peer,
+from .cli_options import OptionsParser, add_options, build_config, comma_list, option
+from .hardware import AUTO_DTYPE, AUTO_DTYPE_HELP, DEVICE_HELP, DTYPE_CHOICES
+
+#: what --quick sets when not given on the command line: the headline rows only (plain, transformers' assisted peer,
 #: tree:salf sized by measured cost), 5 questions x 64 tokens, plus the machine's cost curve; <= 3 min on 2 cores
-QUICK_PRESET = {"num_questions": 5, "max_new_tokens": 64, "repeats": 1}
-QUICK_METHODS = ("plain", "assisted_lookup", "tree:salf")
-QUICK_OVERRIDES = ("tree.tree_budget=auto",)
-BENCH_DEFAULTS = {"num_questions": None, "max_new_tokens": 128, "repeats": 1}
+QUICK_PRESET = {"num_questions": 5, "max_new_tokens": 64, "repeats": 1, "cost_curve": True,
+                "methods": ["plain", "assisted_lookup", "tree:salf"], "overrides": ["tree.tree_budget=auto"]}
+
+
+@dataclass
+class BenchOutput:
+    """What ``hf-treespec bench`` does with a :class:`~hf_treespec.benchmark.runner.BenchmarkConfig` besides running it."""
+
+    out: str = field(default="bench_out", metadata=option("output folder"))
+    quick: bool = field(default=False, metadata=option(
+        "<= 3-minute preset: plain, assisted_lookup and tree:salf with tree_budget=auto, 5 questions, 64 new tokens, "
+        "1 repeat, and the cost curve (options given win)"))
+    batch_size: list[int] | None = field(default=None, metadata=option(
+        "batched generate instead: total tokens/s of plain and tree methods on left-padded batches of these sizes "
+        "(e.g. 1,4,16), with a speedup-vs-batch plot", parse=comma_list(int), metavar="B1,B2,.."))
 
 
 def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     from .benchmark.methods import available_methods
-    from .benchmark.runner import DATASETS, DTYPE_CHOICES
-    from .hardware import AUTO_DTYPE_HELP, DEVICE_HELP
+    from .benchmark.runner import BenchmarkConfig
 
     parser = subparsers.add_parser(
         "bench",
@@ -30,87 +44,19 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
             "draft/verify/other time split and, for greedy decoding, token identity with plain generate."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        presets={"--quick": QUICK_PRESET},
     )
-    parser.add_argument("--model", default="smollm2-135m-instruct",
-                        help="target: asset short name, checkpoint folder, .gguf file or hub id")
-    parser.add_argument("--drafter", default="default",
-                        help="default (the feature drafter shipped for --model: hf_treespec.assets.default_drafter), "
-                             "truncated:K (target's first K layers), oracle (the whole target drafting for itself: "
-                             "the tau a deterministic tree of that policy and budget can hold with a perfect drafter; sampled trees are "
-                             "not bounded by it), lookup:N (prompt-lookup tree "
-                             "drafting with n-grams up to N), a checkpoint path / hub id, or 'none'")
-    parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
-                        help=AUTO_DTYPE_HELP)
-    parser.add_argument("--device", default="auto", help=DEVICE_HELP)
-    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads for every method")
-    source = parser.add_mutually_exclusive_group()
-    source.add_argument("--questions", default=None, help="an MT-bench / Spec-Bench style question.jsonl")
-    source.add_argument("--dataset", default="mtbench", choices=sorted(DATASETS))
-    parser.add_argument("--num-questions", type=int, default=None, help="first N questions (default: all)")
-    parser.add_argument("--max-prompt-tokens", type=int, default=None,
-                        help="skip questions whose chat prompt is longer (then --num-questions counts the ones kept)")
-    parser.add_argument("--max-new-tokens", type=int, default=None, help="default 128 (64 with --quick)")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples for every method")
-    parser.add_argument("--top-p", type=float, default=None)
-    parser.add_argument("--top-k", type=int, default=None, help="sampling only; default off")
-    parser.add_argument("--methods", default=None,
-                        help="comma list; plain always runs as the baseline (default: all that can run): "
-                             + ", ".join(available_methods())
-                             + ". A method may carry its own generate kwargs after '@' (they win over --set) and is "
-                             "then a row of its own, named as written: tree:iid@verifier=specinfer@tree_paths=4; "
-                             "@drafter=<checkpoint> gives a row its own drafter (tree:salf@drafter=runs/gto)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="METHOD.KEY=VALUE",
-                        help="generate kwarg for one method and its @ variants (salf.tree_budget=16), for one variant "
-                             "by its full name (tree:iid@tree_paths=4.tree_depth=2), for every tree method whose "
-                             "policy takes it (tree.tree_budget=16) or for all (*.KEY=VALUE); repeatable")
-    parser.add_argument("--sweep", default=None, metavar="KEY=V1,V2,..",
-                        help="re-run the tree methods for each value (e.g. tree_budget=8,16,32,60): cost curve")
-    parser.add_argument("--repeats", type=int, default=None, help="timed runs per (method, question); median kept")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="bench_out", help="output folder")
-    parser.add_argument("--quick", action="store_true",
-                        help="<= 3-minute preset: plain, assisted_lookup and tree:salf with tree_budget=auto, "
-                             "5 questions, 64 new tokens, 1 repeat, and the cost curve (explicit options win)")
-    parser.add_argument("--cost-curve", action="store_true",
-                        help="add the target's measured verification cost curve to the report (on with --quick)")
-    parser.add_argument("--batch-size", default=None, metavar="B1,B2,..",
-                        help="batched generate instead: total tokens/s of plain and tree methods on left-padded "
-                             "batches of these sizes (e.g. 1,4,16), with a speedup-vs-batch plot")
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_options(parser, BenchmarkConfig, BenchOutput)
+    methods = next(action for action in parser._actions if action.dest == "methods")
+    methods.help += ". Methods here: " + ", ".join(available_methods())
     parser.set_defaults(handler=run_bench)
 
 
 def bench_config(args: argparse.Namespace):
-    """Namespace -> BenchmarkConfig, applying the --quick preset below explicit options."""
-    from .benchmark.methods import parse_override, parse_sweep
+    """The parsed options as a :class:`~hf_treespec.benchmark.runner.BenchmarkConfig`."""
     from .benchmark.runner import BenchmarkConfig
 
-    preset = QUICK_PRESET if args.quick else BENCH_DEFAULTS
-    filled = {key: getattr(args, key) if getattr(args, key) is not None else preset[key] for key in BENCH_DEFAULTS}
-    overrides = [parse_override(text) for text in ((*QUICK_OVERRIDES,) if args.quick else ()) + tuple(args.overrides)]
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
-    if methods is None and args.quick:
-        methods = list(QUICK_METHODS)
-    return BenchmarkConfig(
-        model=args.model,
-        drafter=None if args.drafter.lower() == "none" else args.drafter,
-        dtype=args.dtype,
-        device=args.device,
-        threads=args.threads,
-        questions=args.questions,
-        dataset=args.dataset,
-        max_prompt_tokens=args.max_prompt_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        methods=methods,
-        overrides=overrides,
-        sweep=parse_sweep(args.sweep) if args.sweep else None,
-        seed=args.seed,
-        progress=not args.no_progress,
-        cost_curve=args.cost_curve or args.quick,
-        **filled,
-    )
+    return build_config(BenchmarkConfig, args)
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -120,7 +66,7 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.batch_size:
         from .benchmark.batched import run_batched_benchmark, write_batched_report
 
-        sizes = [int(x) for x in args.batch_size.split(",") if x.strip()]
+        sizes = args.batch_size
         # the report is rewritten after each batch size: an interrupted run keeps what it measured
         def report(rows, settings, echo=False):
             settings["command"] = args.command_line
@@ -139,10 +85,38 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_calibrate_parser(subparsers: argparse._SubParsersAction) -> None:
-    from .benchmark.runner import DTYPE_CHOICES
-    from .hardware import DEVICE_HELP
+def _positive_ints(text: str) -> list[int]:
+    values = comma_list(int)(text)
+    if not values or min(values) < 1:
+        raise ValueError(f"expected comma-separated whole numbers >= 1, got {text!r}")
+    return values
 
+
+@dataclass
+class CalibrateOptions:
+    """``hf-treespec calibrate``: where the target runs and which (rows, context) points of its cost curve to time."""
+
+    model: str = field(default="smollm2-135m-instruct", metadata=option(
+        "target: asset short name, checkpoint folder, .gguf file or hub id"))
+    dtype: str = field(default=AUTO_DTYPE, metadata=option(AUTO_DTYPE_HELP, choices=DTYPE_CHOICES))
+    device: str = field(default="auto", metadata=option(DEVICE_HELP))
+    threads: int = field(default=2, metadata=option("torch.set_num_threads"))
+    sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64], metadata=option(
+        "rows per forward (root included)", parse=_positive_ints, metavar="N1,N2,.."))
+    contexts: list[int] = field(default_factory=lambda: [128, 512], metadata=option(
+        "cached context lengths", parse=_positive_ints, metavar="C1,C2,.."))
+    repeats: int = field(default=3, metadata=option("timed repeats per point (fastest kept)"))
+    batch_size: list[int] = field(default_factory=list, metadata=option(
+        "also time [batch, rows] forwards at these batch sizes against the curve's price for batch x rows rows, the "
+        "premise a batch's tree sizing rests on", parse=_positive_ints, metavar="B1,B2,.."))
+    out: str = field(default="calibrate_out", metadata=option("folder for curve.json and curve.png"))
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1 or self.threads < 1:
+            raise ValueError("repeats and threads must be >= 1.")
+
+
+def add_calibrate_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "calibrate",
         help="measure the target's verification cost curve c(rows, context) on this machine",
@@ -152,18 +126,7 @@ def add_calibrate_parser(subparsers: argparse._SubParsersAction) -> None:
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--model", default="smollm2-135m-instruct",
-                        help="target: asset short name, checkpoint folder, .gguf file or hub id")
-    parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES)
-    parser.add_argument("--device", default="auto", help=DEVICE_HELP)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--sizes", default="1,2,4,8,16,32,64", help="rows per forward (root included)")
-    parser.add_argument("--contexts", default="128,512", help="cached context lengths")
-    parser.add_argument("--repeats", type=int, default=3, help="timed repeats per point (fastest kept)")
-    parser.add_argument("--batch-size", default="",
-                        help="also time [batch, rows] forwards at these batch sizes (comma-separated) against the "
-                             "curve's price for batch x rows rows, the premise a batch's tree sizing rests on")
-    parser.add_argument("--out", default="calibrate_out", help="folder for curve.json and curve.png")
+    add_options(parser, CalibrateOptions)
     parser.set_defaults(handler=run_calibrate)
 
 
@@ -178,31 +141,20 @@ def run_calibrate(args: argparse.Namespace) -> int:
     from .hardware import detect
     from .cost_curve import cache_path, calibrate_batches, calibrate_target
 
-    def numbers(text: str, name: str) -> tuple[int, ...]:
-        try:
-            values = tuple(int(v) for v in text.split(",") if v.strip())
-        except ValueError:
-            raise ValueError(f"--{name} takes comma-separated whole numbers, got {text!r}.") from None
-        if not values or min(values) < 1:
-            raise ValueError(f"--{name} needs numbers >= 1, got {text!r}.")
-        return values
-
-    sizes, contexts = numbers(args.sizes, "sizes"), numbers(args.contexts, "contexts")
-    batches = numbers(args.batch_size, "batch-size") if args.batch_size else ()
-    if args.repeats < 1 or args.threads < 1:
-        raise ValueError("--repeats and --threads must be >= 1.")
-    config = BenchmarkConfig(dtype=args.dtype, device=args.device)
+    options = build_config(CalibrateOptions, args)
+    sizes, contexts, batches = tuple(options.sizes), tuple(options.contexts), tuple(options.batch_size)
+    config = BenchmarkConfig(dtype=options.dtype, device=options.device)
     config.validate()
     dtype = config.resolved_dtype
-    model, _ = load_model(args.model, dtype, config.resolved_device)
-    with torch_threads(args.threads), torch.no_grad():
-        curve = calibrate_target(model.eval(), sizes=sizes, contexts=contexts, repeats=args.repeats)
+    model, _ = load_model(options.model, dtype, config.resolved_device)
+    with torch_threads(options.threads), torch.no_grad():
+        curve = calibrate_target(model.eval(), sizes=sizes, contexts=contexts, repeats=options.repeats)
         cached = cache_path(curve.key)
-        checks = calibrate_batches(model, curve, batches, repeats=args.repeats) if batches else []
+        checks = calibrate_batches(model, curve, batches, repeats=options.repeats) if batches else []
     hardware = detect(model.device)
-    print(f"{args.model} ({dtype}) on {hardware.describe().rsplit(';', 1)[0]}; {args.threads} threads)\n")
+    print(f"{options.model} ({dtype}) on {hardware.describe().rsplit(';', 1)[0]}; {options.threads} threads)\n")
     print("\n".join(cost_curve_lines(curve.to_json())[2:]))
-    folder = Path(args.out)
+    folder = Path(options.out)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "curve.json").write_text(json.dumps({**curve.to_json(), "hardware": hardware.as_dict()}, indent=1))
     if checks:
@@ -213,7 +165,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
             print(f"| {check.batch} | {check.rows} | {1000 * check.measured:.1f} | {1000 * check.predicted:.1f} | "
                   f"{check.ratio:.2f} |")
         (folder / "batches.json").write_text(json.dumps([{**vars(c), "ratio": c.ratio} for c in checks], indent=1))
-    plot_cost_curve(curve, folder / "curve.png", title=f"{args.model} {dtype}, {hardware.name}, {args.threads} thr")
+    plot_cost_curve(curve, folder / "curve.png", title=f"{options.model} {dtype}, {hardware.name}, {options.threads} thr")
     cached.parent.mkdir(parents=True, exist_ok=True)
     cached.write_text(json.dumps(curve.to_json(), indent=1))
     print(f"\nwrote {folder}/curve.json, {folder}/curve.png and the latency cache {cached}")
@@ -236,7 +188,7 @@ def plugin_commands() -> dict[str, Callable[[argparse._SubParsersAction], None]]
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hf-treespec", description="Tree-based speculative decoding for transformers.")
-    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=OptionsParser)
     for add_parser in {**COMMANDS, **plugin_commands()}.values():
         add_parser(subparsers)
     return parser

@@ -30,7 +30,10 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass, field
 from typing import Any, Callable
+
+from hf_treespec.cli_options import add_options, option
 
 from .cli_common import ConfigParser, add_common_options, config_from_args, set_threads  # noqa: F401  (re-exported)
 from .regenerate import add_regenerate_parser
@@ -103,14 +106,21 @@ def _add_nde(commands) -> None:
 
 
 # ------------------------------------------------------------------------------------------------------- export
+@dataclass
+class ExportArguments:
+    """``hf-treespec train export-eagle3``: which drafter, its target, where the EAGLE-3 layout goes."""
+
+    drafter: str = field(metadata=option("TreeSpecDrafterModel folder"))
+    output: str = field(metadata=option("folder for config.json + model.safetensors"))
+    target: str = field(default="smollm2-135m-instruct", metadata=option(
+        "its target (asset short name, checkpoint folder or .gguf): a shared LM head is written out"))
+
+
 @subcommand("export-eagle3")
 def _add_export(commands) -> None:
     p = commands.add_parser("export-eagle3", help="write a TreeSpecDrafterModel (input_mode eagle3) in the EAGLE-3 "
                                                   "layout (a feature norm as norm_before_fc)")
-    p.add_argument("--drafter", required=True, help="TreeSpecDrafterModel folder")
-    p.add_argument("--target", default="smollm2-135m-instruct",
-                   help="its target (asset short name, checkpoint folder or .gguf): a shared LM head is written out")
-    p.add_argument("--output", required=True, help="folder for config.json + model.safetensors")
+    add_options(p, ExportArguments)
     p.set_defaults(handler=run_export)
 
 

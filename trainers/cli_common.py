@@ -7,12 +7,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from dataclasses import field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from transformers import HfArgumentParser
 
+from hf_treespec.cli_options import add_options, apply_config_file, option
 from hf_treespec.hardware import fast_dtype
 
 
@@ -27,29 +28,8 @@ class ConfigParser(HfArgumentParser):
 
     def parse_known_args(self, args=None, namespace=None):
         args = list(sys.argv[1:] if args is None else args)
-        config = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--config"), None)
-        config = config or next((a.split("=", 1)[1] for a in args if a.startswith("--config=")), None)
-        if config:
-            values = self._yaml_values(config)
-            self.set_defaults(**values)
-            for action in self._actions:  # a required option the file supplies is no longer missing
-                if action.dest in values:
-                    action.required = False
+        apply_config_file(self, args)
         return super().parse_known_args(args, namespace)
-
-    def _yaml_values(self, path: str) -> dict[str, Any]:
-        import yaml
-
-        if not Path(path).is_file():
-            raise FileNotFoundError(f"--config {path} does not exist.")
-        values = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-        if not isinstance(values, dict):
-            raise ValueError(f"--config {path} must hold a mapping of option names to values.")
-        known = {action.dest for action in self._actions}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"--config {path}: unknown options {unknown}; see --help for the valid names.")
-        return values
 
 
 def add_config_command(commands, name: str, dataclass_types: list[type], handler: Callable, help: str,
@@ -57,6 +37,9 @@ def add_config_command(commands, name: str, dataclass_types: list[type], handler
     """A subcommand whose options are generated from ``dataclass_types`` (their defaults are the CLI's)."""
     parser = commands.add_parser(name, dataclass_types=dataclass_types, help=help)
     parser.set_defaults(handler=handler, **cli_defaults)
+    parser.config_classes = tuple(dataclass_types)
+    parser.deliberate_defaults = dict(cli_defaults)  # e.g. output_dir=runs/<name> instead of TrainingArguments'
+
     return parser
 
 
@@ -162,12 +145,19 @@ def save_final(trainer, output_dir: str, summary: dict[str, Any]) -> None:
     trainer.accelerator.wait_for_everyone()
 
 
+@dataclass
+class TargetArguments:
+    """What every non-Trainer command takes: the target, threads, progress bars."""
+
+    target: str = field(default="smollm2-135m-instruct", metadata=option(
+        "target model: asset short name, checkpoint folder or .gguf file"))
+    threads: int | None = field(default=None, metadata=option("torch.set_num_threads (default: torch's)"))
+    no_progress: bool = field(default=False, metadata=option("hide progress bars"))
+
+
 def add_common_options(parser: argparse.ArgumentParser) -> None:
     """``--target``, ``--threads`` and ``--no-progress``: the options every non-Trainer command takes."""
-    parser.add_argument("--target", default="smollm2-135m-instruct",
-                        help="target model: asset short name, checkpoint folder or .gguf file")
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
-    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    add_options(parser, TargetArguments)
 
 
 def int_list(text: str) -> list[int]:

@@ -29,6 +29,7 @@ from typing import Any, Iterable, Mapping
 import torch
 from tqdm.auto import tqdm
 
+from hf_treespec.cli_options import none_or, option
 from hf_treespec.compat import output_cache
 from hf_treespec.features import capture_hidden_states
 from hf_treespec.policies import POLICIES, TreePolicy
@@ -62,17 +63,24 @@ class PrepareConfig:
         seed: sampling of tree roots.
     """
 
-    target_layers: list[int] = field(default_factory=lambda: [-1])
-    max_length: int = 2048
-    storage_dtype: str = "bfloat16"
-    chunk_size: int = 64
-    batch_tokens: int = 4096
-    tree_policy: str | None = None
-    tree_params: dict[str, Any] = field(default_factory=dict)
-    tree_positions: int | None = 64
-    answer_topk: int = 64
-    seed: int = 0
-    target: str = ""
+    target_layers: list[int] = field(default_factory=lambda: [-1], metadata=option(
+        "target layers the drafter reads", hidden=True))  # the command resolves them from --input-mode
+    max_length: int = field(default=2048, metadata=option("truncate conversations to this many tokens"))
+    storage_dtype: str = field(default="bfloat16", metadata=option(
+        "dtype of the stored hidden states", choices=tuple(STORAGE_DTYPES)))
+    chunk_size: int = field(default=64, metadata=option("conversations per resumable chunk"))
+    batch_tokens: int = field(default=4096, metadata=option("padded tokens per target forward"))
+    tree_policy: str | None = field(default=None, metadata=option(
+        "policy the target grows TALF trees with ('none' for EAGLE/HASS-only data; 'chain' for evaluation data)",
+        parse=none_or(str)))
+    tree_params: dict[str, Any] = field(default_factory=dict, metadata=option(
+        "the policy's parameters", hidden=True))  # the command's --tree-topk / --tree-depth
+    tree_positions: int | None = field(default=64, metadata=option(
+        "tree roots sampled per conversation, or 'all' (cost: ~expanded nodes target tokens each)",
+        parse=none_or(int, "all")))
+    answer_topk: int = field(default=64, metadata=option("target log-probs kept per tree node"))
+    seed: int = field(default=0, metadata=option("sampling of tree roots"))
+    target: str = field(default="", metadata=option("recorded: the target", hidden=True))
 
     def __post_init__(self) -> None:
         self.target_layers = [int(i) for i in self.target_layers]

@@ -5,49 +5,54 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hf_treespec.cli_options import add_options, build_config, comma_list, option
 from hf_treespec.hardware import AUTO_DTYPE, AUTO_DTYPE_HELP, DTYPE_CHOICES, DTYPES, resolve_dtype_name
 
-from .cli_common import add_common_options, int_list, set_threads
+from .cli_common import TargetArguments, set_threads
 from .regenerate import CHUNK_PREFIX as REGEN_CHUNK_PREFIX
 
 #: TALF's tree at preprocessing (salf_talf section 4.1: EAGLE-2 beam, k=4, depth 3)
 TALF_TREE = {"tree_topk": 4, "tree_depth": 3}
 
 
+@dataclass
+class PrepareArguments:
+    """What ``hf-treespec train prepare`` needs besides :class:`~.data.PrepareConfig`: the source, the output, and
+    the target layers and tree parameters the config is built from."""
+
+    split: str = field(default="train", metadata=option(
+        "ShareGPT split (assets)", choices=("train", "dev"), group="source"))
+    data_file: str | None = field(default=None, metadata=option(
+        "your own conversations: .json array or .jsonl of ShareGPT records or message lists, or a `train regenerate` "
+        "output folder (its token ids are used as they are)", group="source"))
+    skip: int = field(default=0, metadata=option("skip the first N conversations of the source"))
+    num_conversations: int = field(default=400, metadata=option("conversations to use (0 = all)"))
+    output: str | None = field(default=None, metadata=option("output folder (default: runs/data/<split>)"))
+    input_mode: str = field(default="fc", metadata=option(
+        "fc: the pre-norm last state (EAGLE-1); eagle3: EAGLE-3's low / mid / high target layers",
+        choices=("fc", "eagle3")))
+    target_layers: list[int] | None = field(default=None, metadata=option(
+        "comma list of target layers the drafter reads (-1 = pre-norm last state); default: from --input-mode",
+        parse=comma_list(int)))
+    dtype: str = field(default=AUTO_DTYPE, metadata=option(f"target dtype; {AUTO_DTYPE_HELP}", choices=DTYPE_CHOICES))
+    tree_topk: int = field(default=TALF_TREE["tree_topk"], metadata=option("children per expanded tree node"))
+    tree_depth: int = field(default=TALF_TREE["tree_depth"], metadata=option("tree depth"))
+
+
+#: where ``prepare`` departs from PrepareConfig's defaults: TALF trees by default (the config's default is none)
+PREPARE_DEFAULTS = {"tree_policy": "eagle2"}
+
+
 def add_prepare_parser(commands) -> None:
+    from .data import PrepareConfig
+
     p = commands.add_parser("prepare", help="extract target hidden states (and TALF target trees) to disk",
                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_common_options(p)
-    source = p.add_mutually_exclusive_group()
-    source.add_argument("--split", default="train", choices=["train", "dev"], help="ShareGPT split (assets)")
-    source.add_argument("--data-file", default=None,
-                        help="your own conversations: .json array or .jsonl of ShareGPT records or message lists, "
-                             "or a `train regenerate` output folder (its token ids are used as they are)")
-    p.add_argument("--skip", type=int, default=0, help="skip the first N conversations of the source")
-    p.add_argument("--num-conversations", type=int, default=400, help="conversations to use (0 = all)")
-    p.add_argument("--output", default=None, help="output folder (default: runs/data/<split>)")
-    p.add_argument("--max-length", type=int, default=2048, help="truncate conversations to this many tokens")
-    p.add_argument("--target-layers", type=int_list, default=None,
-                   help="comma list of target layers the drafter reads (-1 = pre-norm last state); default: "
-                        "from --input-mode")
-    p.add_argument("--input-mode", default="fc", choices=["fc", "eagle3"],
-                   help="fc: the pre-norm last state (EAGLE-1); eagle3: EAGLE-3's low / mid / high target layers")
-    p.add_argument("--dtype", default=AUTO_DTYPE, choices=DTYPE_CHOICES,
-                   help=f"target dtype; {AUTO_DTYPE_HELP}")
-    p.add_argument("--storage-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    p.add_argument("--chunk-size", type=int, default=64, help="conversations per resumable chunk")
-    p.add_argument("--batch-tokens", type=int, default=4096, help="padded tokens per target forward")
-    p.add_argument("--tree-policy", default="eagle2",
-                   help="policy the target grows TALF trees with ('none' for EAGLE/HASS-only data; 'chain' for "
-                        "evaluation data)")
-    p.add_argument("--tree-topk", type=int, default=TALF_TREE["tree_topk"])
-    p.add_argument("--tree-depth", type=int, default=TALF_TREE["tree_depth"])
-    p.add_argument("--tree-positions", default=64,
-                   help="tree roots sampled per conversation, or 'all' (cost: ~expanded nodes target tokens each)")
-    p.add_argument("--seed", type=int, default=0)
+    add_options(p, TargetArguments, PrepareArguments, PrepareConfig, defaults=PREPARE_DEFAULTS)
     p.set_defaults(handler=run_prepare)
 
 
@@ -92,17 +97,12 @@ def run_prepare(args: argparse.Namespace) -> int:
     from .ttt import resolve_target_layers
 
     set_threads(args)
-    policy = None if args.tree_policy.lower() == "none" else args.tree_policy
-    positions = None if str(args.tree_positions).lower() == "all" else int(args.tree_positions)
+    policy = args.tree_policy
     model, tokenizer = load_target(args.target, dtype=DTYPES[resolve_dtype_name(args.dtype)])
     layers = resolve_target_layers(args.input_mode, args.target_layers,
                                    model.config.get_text_config().num_hidden_layers)
-    config = PrepareConfig(
-        target_layers=layers, max_length=args.max_length, storage_dtype=args.storage_dtype,
-        chunk_size=args.chunk_size, batch_tokens=args.batch_tokens, tree_policy=policy,
-        tree_params=_tree_params(policy, args) if policy else {}, tree_positions=positions, seed=args.seed,
-        target=args.target,
-    )
+    config = build_config(PrepareConfig, args, target_layers=layers, target=args.target,
+                          tree_params=_tree_params(policy, args) if policy else {})
     output = Path(args.output or f"runs/data/{'custom' if args.data_file else args.split}")
     if torch.cuda.is_available():
         model.to("cuda")  # extraction is a no-grad target pass: minutes on a GPU

