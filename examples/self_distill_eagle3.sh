@@ -8,7 +8,7 @@
 # training continues from its last checkpoint). On a GPU machine every step runs there; bring back only $RUNS/ship.
 #
 #   GPU:  RUNS=runs PROMPTS=16000 bash examples/self_distill_eagle3.sh          (not yet timed on a GPU)
-#   CPU:  RUNS=runs PROMPTS=1000 THREADS=2 bash examples/self_distill_eagle3.sh (days at 2 threads: see BENCHMARKS.md)
+#   CPU:  RUNS=runs PROMPTS=1000 THREADS=2 bash examples/self_distill_eagle3.sh (~3 h of regenerate + prepare per million tokens on 2 avx512_bf16 cores, docs/history.md)
 #   STEPS="regenerate prepare" bash examples/self_distill_eagle3.sh             (run only some steps)
 set -euo pipefail
 RUNS=${RUNS:-runs}
@@ -43,8 +43,9 @@ if run prepare; then
         --max-length 1536 --dtype "$DTYPE" --storage-dtype bfloat16 --chunk-size "$CHUNK" \
         --batch-tokens "$BATCH_TOKENS" --tree-policy eagle2 --tree-topk 4 --tree-depth 3 --tree-positions 32 \
         $THREADS_OPT --output "$RUNS/data/regen-e3"
-    # ShareGPT's own answers beside the target's: mixed, they beat either alone on both held-out sets (BENCHMARKS.md,
-    # issue 9 fifth slice: +0.17 dev chain tau, +0.21 MT-bench SALF tau over ShareGPT alone at 1.6x the tokens)
+    # ShareGPT's own answers beside the target's: the mix beat ShareGPT's answers alone on both held-out sets
+    # (docs/history.md, 2026-11-25, fifth learning-curve run: +0.17 dev chain tau, +0.21 MT-bench SALF tau at 1.6x
+    # the tokens)
     $HF train prepare --split train --num-conversations "$PROMPTS" --input-mode eagle3 \
         --max-length 1536 --dtype "$DTYPE" --storage-dtype bfloat16 --chunk-size "$CHUNK" \
         --batch-tokens "$BATCH_TOKENS" --tree-policy eagle2 --tree-topk 4 --tree-depth 3 --tree-positions 32 \
@@ -108,6 +109,6 @@ card = make_card(drafter.config, base_model="HuggingFaceTB/SmolLM2-135M-Instruct
                  command="bash examples/self_distill_eagle3.sh")
 card.save(out / "README.md")
 size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) / 2**20
-print(f"{out}: {size:.1f} MB (ship if <= 20 MB: copy into hf_treespec/assets_data/drafters/smollm2-135m-instruct/)")
+print(f"{out}: {size:.1f} MiB (ship if <= 20 MiB: copy into hf_treespec/assets_data/drafters/smollm2-135m-instruct/)")
 EOF
 fi

@@ -2,7 +2,8 @@
 # Train a TreeSpec feature drafter for SmolLM2-135M-Instruct on one CPU machine: extract target states (with TALF
 # target trees) once, EAGLE warm-up, then TALF (or HASS) from the warm-up, then held-out acceptance per depth.
 # This is the first stage of the shipped drafter's recipe (EAGLE-3 inputs, 10 + 2 epochs over 1024 ShareGPT train
-# records: ~16 min of extraction and ~40 min of training on 2 avx512_bf16 cores); the shipped drafter then trained on
+# records: 1,353 s of extraction and 1,515 + 463 s of EAGLE + TALF training on a 2-core AMD EPYC with avx512_bf16,
+# bf16, 2026-11-24, docs/history.md "2026-11-24: Learning curve, fourth run"); the shipped drafter then trained on
 # with the target's own answers (`train regenerate`, BENCHMARKS.md section 6 and docs/history.md).
 # Every step is resumable: rerun the same command after an interruption (finished data chunks are skipped;
 # --resume continues from the last checkpoint).
