@@ -18,8 +18,9 @@
     hf-treespec train c2t      --data runs/c2t/data --output-dir runs/c2t                # -> c2t_classifier=
     hf-treespec train static-shape --data runs/c2t/data --budget 60                      # -> tree_shape=
 
-The options of ``eagle`` / ``hass`` / ``talf`` / ``ttt`` / ``gto`` / ``nde`` / ``c2t`` are generated from their config
-dataclasses (every ``TrainingArguments`` field included), whose defaults are the only ones; every subcommand also takes
+Every subcommand's options are generated from its config dataclasses, whose defaults are the only ones: the trainers'
+(``eagle`` / ``hass`` / ``talf`` / ``ttt`` / ``gto`` / ``nde`` / ``c2t``, every ``TrainingArguments`` field included)
+through transformers' ``HfArgumentParser``, the others through ``hf_treespec.cli_options``; every subcommand also takes
 ``--config run.yaml`` (option names as keys; flags given on the command line win). A new subcommand is one function
 decorated with ``@subcommand("name")``; this module keeps only that registry, each command group's parser and
 handler live in its own module (``prepare_cli``, ``train_cli``, ``nde_cli``, ``gto_cli``, ``c2t_cli``,
