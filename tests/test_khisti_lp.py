@@ -121,3 +121,10 @@ def test_truncation_never_beats_the_full_lp():
 def test_bad_truncation_is_refused():
     with pytest.raises(ValueError, match="at least one token"):
         truncated_lp(toy(3, 0), toy(3, 1), toy(3, 1), 0)
+
+
+def test_verifier_refuses_an_empty_lp():
+    from hf_treespec.verifiers.khisti import KhistiVerifier
+
+    with pytest.raises(ValueError, match="lp_tokens"):
+        KhistiVerifier(lp_tokens=0)
