@@ -22,6 +22,8 @@ from hf_treespec.policies import POLICIES, DraftSource, StepContext
 from hf_treespec.randomness import enumerate_outcomes
 from hf_treespec.tree import DraftTree, Regime
 from hf_treespec.verifiers import VERIFIERS
+from hf_treespec.verifiers.khisti import KhistiVerifier
+from hf_treespec.verifiers.khisti_lp import truncated_lp
 from hf_treespec.verifiers.spectr import kseq_division_factor
 
 ROOT = 0
@@ -174,7 +176,7 @@ CASES = [
 def test_every_sampling_verifier_is_covered():
     covered = {verifier for _, verifier in CASES}
     assert covered == set(SAMPLING) == {
-        "nss", "naive", "block", "naivetree", "specinfer", "spectr", "khisti", "traversal", "swor"
+        "nss", "naive", "block", "naivetree", "specinfer", "spectr", "khisti", "khisti_priority", "traversal", "swor"
     }
 
 
@@ -203,20 +205,20 @@ def test_exact_lossless(problem, verifier, tree_laws):
     assert_lossless(law, p_fn, vocab, depth + 1)
 
 
-@pytest.mark.parametrize("verifier", ["specinfer", "spectr", "khisti", "traversal", "naivetree"])
+@pytest.mark.parametrize("verifier", ["specinfer", "spectr", "khisti", "khisti_priority", "traversal", "naivetree"])
 def test_exact_lossless_when_draft_equals_target(verifier):
-    """p == q everywhere: still exactly p, and every draft is accepted except by Khisti, whose selected draft follows
-    the tournament law r != q."""
+    """p == q everywhere: still exactly p, and every draft is accepted except by the priority tournament, whose
+    selected draft follows the law r != q (Khisti's LP splits every pair so that r == p)."""
     policy, vocab = make_policy("iid-3x1")
     fn = lambda path: toy_table(0, path, vocab)  # noqa: E731
     trees = tree_law(policy, fn)
     law = step_law(VERIFIERS.get(verifier)(), trees, fn)
     assert_lossless(law, fn, vocab, 2)
     full = sum(prob for seq, prob in law.items() if len(seq) == 2)
-    assert full < 1 - 1e-3 if verifier == "khisti" else full == pytest.approx(1.0, abs=1e-9)
+    assert full < 1 - 1e-3 if verifier == "khisti_priority" else full == pytest.approx(1.0, abs=1e-9)
 
 
-@pytest.mark.parametrize("verifier", ["naivetree", "specinfer", "spectr", "khisti", "traversal"])
+@pytest.mark.parametrize("verifier", ["naivetree", "specinfer", "spectr", "khisti", "khisti_priority", "traversal"])
 def test_multi_draft_acceptance(verifier, tree_laws):
     """Losslessness alone would not catch a verifier that never accepts: with k = 3 i.i.d. drafts at the root, the
     acceptance rate must reach single-draft speculative sampling's sum min(p, q), and exceed it for the verifiers
@@ -227,8 +229,38 @@ def test_multi_draft_acceptance(verifier, tree_laws):
     accepted = sum(prob for seq, prob in law.items() if len(seq) == 2)
     single = float(torch.minimum(p_fn(()), toy_table(1, (), vocab)).sum())
     assert accepted >= single - 1e-12
-    if verifier in ("specinfer", "spectr", "traversal"):
+    if verifier in ("specinfer", "spectr", "khisti", "traversal"):
         assert accepted > single + 1e-3
+
+
+@pytest.mark.parametrize("problem", ["iid-3x1", "iid-2x2", "delayed-1-2-1"])
+@pytest.mark.parametrize("lp_tokens", [1, 2])
+def test_khisti_with_a_truncated_lp_is_exactly_lossless(problem, lp_tokens, tree_laws):
+    """With fewer LP tokens than the vocabulary, pairs with a token outside the LP go by the fixed priority: exact."""
+    policy, vocab = make_policy(problem)
+    p_fn = lambda path: toy_table(0, path, vocab)  # noqa: E731
+    trees = tree_laws(problem)
+    law = step_law(KhistiVerifier(lp_tokens=lp_tokens), trees, p_fn)
+    assert_lossless(law, p_fn, vocab, max(int(tree.max_depth) for tree, _ in trees) + 1)
+
+
+def test_khisti_on_two_drafts_reaches_the_optimal_acceptance():
+    """Two i.i.d. drafts, LP untruncated: P(a draft is emitted) is the optimum over every lossless two-draft rule,
+    min over token sets W of p(W) + 1 - q(W)^2; the three-draft tournament accepts at least its final
+    single-draft test, sum min(p, r_3)."""
+    vocab = 4
+    p, q = toy_table(0, (), vocab), toy_table(1, (), vocab)
+    policy = POLICIES.get("iid")(do_sample=True, tree_paths=2, tree_depth=1)
+    trees = tree_law(policy, lambda path: toy_table(1, path, vocab))
+    law = step_law(KhistiVerifier(lp_tokens=vocab), trees, lambda path: toy_table(0, path, vocab))
+    best = min(float(p[list(w)].sum()) + 1 - float(q[list(w)].sum()) ** 2
+               for n in range(vocab + 1) for w in itertools.combinations(range(vocab), n))
+    assert sum(prob for seq, prob in law.items() if len(seq) == 2) == pytest.approx(best, abs=1e-12)
+
+    law = step_law(KhistiVerifier(), tree_law(make_policy("iid-3x1")[0], lambda path: toy_table(1, path, vocab)),
+                   lambda path: toy_table(0, path, vocab))
+    r3 = truncated_lp(p, truncated_lp(p, q, q, 5).law, q, 5).law
+    assert sum(prob for seq, prob in law.items() if len(seq) == 2) >= float(torch.minimum(p, r3).sum()) - 1e-12
 
 
 # ------------------------------------------------------------------------------------------------- block / traversal
@@ -313,7 +345,8 @@ def test_regime_compatibility(regime, name):
     """A (regime, verifier) pair is accepted exactly when the verifier is lossless for it (docs/algorithms.md table)."""
     lossless = {
         Regime.DETERMINISTIC: {"nss"},
-        Regime.IID: {"nss", "naive", "block", "naivetree", "specinfer", "spectr", "khisti", "traversal"},
+        Regime.IID: {"nss", "naive", "block", "naivetree", "specinfer", "spectr", "khisti", "khisti_priority",
+                     "traversal"},
         Regime.SWOR: {"nss", "naive", "block", "swor"},
     }
     cls = VERIFIERS.get(name)

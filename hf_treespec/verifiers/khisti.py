@@ -1,45 +1,50 @@
-"""Khisti et al. (2025) canonical decomposition: select one of the k drafts, then single-draft speculative sampling.
+"""Khisti et al. (2025): select one of the k i.i.d. drafts by importance weights from a truncated LP, then run
+single-draft speculative sampling against the law r of the selected draft.
 
-[inferred] The paper's selection (a tournament over the top tokens after a truncated LP) is not fully specified in our
-sources. What losslessness needs is a selection whose induced distribution r is known exactly. We use a priority
-tournament: the selected draft is the one whose token ranks highest in a fixed priority order, so
-r(x) = A(x)^k - (A(x) - q(x))^k with A(x) = q-mass of x and every token ranked below it. The order is chosen, from
-the node's p and q only (never from the drafts), among three candidates (by p/q, by p, by p - q) to maximise the
-acceptance sum min(p, r).
+The paper's canonical decomposition: every multi-draft verifier can be written as a selection step (which of the k
+drafts goes forward) followed by single-draft speculative sampling with the selected draft's law r in place of q.
+Its practical scheme chooses between two drafts by the truncated LP of `khisti_lp`; with k drafts the choice runs as a
+pairwise tournament, in draw order: the winner so far (law r_t) meets the next draft (law q), the LP is solved again
+for that pair of laws, and the law of the new winner is r_{t+1}. As in the delayed-expansion paper's description
+(its appendix B.5). The selected draft Z is accepted with min(1, p(Z) / r_k(Z)); otherwise y ~ norm((p - r_k)+).
+
+Lossless for i.i.d. children: the children arrive as a multiset, so the tournament visits the copies in a uniformly
+random order (the law of the i.i.d. draw order given the multiset), which makes the winner's law exactly r_k. With k = 2
+and the LP untruncated (``lp_tokens`` >= vocabulary) the acceptance is the optimum over every lossless rule.
 """
 
 from __future__ import annotations
 
-import torch
-
 from ..randomness import bernoulli
 from .base import VERIFIERS, residual, sample
-from .topdown import TopDownVerifier, accept_prob
-
-
-def selection_distribution(p: torch.Tensor, q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(r, rank): the winner law of the priority tournament among k i.i.d. drafts from q, and the priority rank of
-    every token (0 = highest), for the candidate order with the highest acceptance sum min(p, r)."""
-    ratio = torch.where(q > 0, p / q.clamp(min=torch.finfo(q.dtype).tiny), torch.zeros_like(p))
-    keys = torch.stack([ratio, p, p - q])
-    order = keys.argsort(dim=-1, descending=True, stable=True)
-    q_sorted = q[order]
-    tail = q_sorted.flip(-1).cumsum(-1).flip(-1)  # q-mass of this token and every lower-priority one
-    r_sorted = tail.pow(k) - (tail - q_sorted).clamp(min=0).pow(k)
-    r = torch.zeros_like(keys).scatter_(1, order, r_sorted)
-    best = int(torch.minimum(p[None], r).sum(-1).argmax())
-    positions = torch.arange(p.shape[-1], device=p.device)
-    rank = torch.empty_like(order[best]).scatter_(0, order[best], positions)
-    return r[best], rank
+from .khisti_lp import truncated_lp
+from .topdown import TopDownVerifier, accept_prob, pick
 
 
 @VERIFIERS.register("khisti")
 class KhistiVerifier(TopDownVerifier):
-    """Select Z = the highest-priority draft, accept it with min(1, p(Z)/r(Z)), else y ~ norm((p - r)+)."""
+    """Pairwise tournament of the drafts by the truncated LP, then a single-draft test against the winner's law.
+
+    ``lp_tokens``: how many tokens keep LP weights (the paper's truncation threshold s; 5 as in its experiments).
+    """
+
+    def __init__(self, lp_tokens: int = 5):
+        if lp_tokens < 1:
+            raise ValueError(f"lp_tokens must be >= 1, got {lp_tokens}")
+        self.lp_tokens = lp_tokens
 
     def solve(self, p, q, tokens, counts, generator) -> int:
-        r, rank = selection_distribution(p, q, int(counts.sum()))
-        x = int(tokens[rank[tokens].argmin()])
-        if bool(bernoulli(accept_prob(p[x], r[x]), generator)):
-            return x
-        return sample(residual(p, r), generator)
+        remaining = counts.to(p.dtype).clone()
+        winner, law = None, q
+        for _ in range(int(counts.sum())):  # copies in a uniformly random order, drawn lazily
+            i = pick(remaining, generator)
+            remaining[i] -= 1
+            draft = int(tokens[i])
+            if winner is None:
+                winner = draft
+                continue
+            rule = truncated_lp(p, law, q, self.lp_tokens)
+            winner, law = rule.select(winner, draft, generator), rule.law
+        if bool(bernoulli(accept_prob(p[winner], law[winner]), generator)):
+            return winner
+        return sample(residual(p, law), generator)
