@@ -297,7 +297,7 @@ class ToySource(DraftSource):
         return _rows(toy_q, tree, nodes).log()
 
 
-@pytest.mark.parametrize("verifier", ["specinfer", "naivetree", "nss", "greedy"])
+@pytest.mark.parametrize("verifier", ["specinfer", "naivetree", "nss", "greedy", "spectr", "khisti"])
 def test_block_efficiency_estimate_is_exact_in_expectation(verifier):
     actions = [Action(1, 0, 2), Action(2, 0, 1), Action(2, 0, 2), Action(2, 1, 1), Action(2, 1, 2)]
     draft = functools.partial(_rows, toy_q)

@@ -37,7 +37,7 @@ def add_nde_data_parser(commands) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=None, help="default off")
     p.add_argument("--verifier", default=None, help="top-down verifier to estimate for (default: specinfer when "
-                                                    "sampling, greedy at temperature 0); specinfer, naivetree, nss")
+                                                    "sampling, greedy at temperature 0); specinfer, spectr, khisti, naivetree, nss")
     p.add_argument("--max-new-tokens", type=int, default=256, help="trajectory length per prompt")
     p.add_argument("--root-every", type=int, default=16, help="a root every N generated tokens")
     p.add_argument("--num-samples", type=int, default=8, help="delayed trees per root (drafting-noise average)")

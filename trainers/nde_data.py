@@ -70,8 +70,7 @@ def check_verifier(name: str) -> None:
     if name not in have:
         raise ValueError(
             f"block-efficiency estimates need closed-form branching probabilities; they exist for the top-down "
-            f"verifiers {have}, not {name!r} (traversal is bottom-up; spectr / khisti need their solvers' branching "
-            "laws, not implemented)."
+            f"verifiers {have}, not {name!r} (traversal is bottom-up: it has no per-node branching law)."
         )
 
 
