@@ -21,7 +21,8 @@ from hf_treespec.generation.decoding import resolve
 from hf_treespec.policies import POLICIES, DelaySelector, DelaySelectorConfig, DraftSource, StepContext
 from hf_treespec.drafters import as_drafter
 from hf_treespec.policies.nde import (
-    SCALAR_FEATURES, SELECTOR_SUBFOLDER, Action, NDEPolicy, action_space, root_features,
+    DIVERGENCE_FEATURES, FEATURE_SETS, SCALAR_FEATURES, SELECTOR_SUBFOLDER, Action, NDEPolicy, action_space,
+    divergences, root_features,
 )
 from hf_treespec.randomness import enumerate_outcomes
 from hf_treespec.tree import DraftTree, Regime
@@ -390,7 +391,8 @@ def test_trainer_loss_falls(tmp_path):
     torch.manual_seed(0)
     selector = build_selector(data, shared_dim=8, dropout=0.0)
     assert "log_draft_seconds" not in selector.config.scalar_features  # opt-in: --latency-features
-    assert build_selector(data, latency_features=True).config.scalar_features == list(SCALAR_FEATURES)
+    with_latency = build_selector(data, latency_features=True).config.scalar_features
+    assert with_latency == [n for n in SCALAR_FEATURES if n not in DIVERGENCE_FEATURES]
     args = NDEConfig(output_dir=str(tmp_path / "out"), max_steps=40, per_device_train_batch_size=32,
                      learning_rate=3e-3, logging_steps=40, save_strategy="no", use_cpu=True, disable_tqdm=True,
                      lr_scheduler_type="constant")

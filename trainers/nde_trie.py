@@ -121,7 +121,7 @@ def trie_tables(trees: SampledTrees, target: ProbsFn, verifier: str, max_paths: 
         q = trie.draft_probs[trie.q_index[nodes]].to(p.device, p.dtype)
         ids = nodes.tolist()
         for node, table in zip(ids, node_tables(p, q, [kids[v] for v in ids], [depth_of(copies[v]) for v in ids],
-                                                columns, [copies[v] for v in ids])):
+                                                columns)):
             tables[node] = table
     return tables
 

@@ -15,6 +15,7 @@ import torch
 from ..randomness import bernoulli
 from .base import VERIFIERS, residual, sample
 from .topdown import TopDownVerifier, accept_prob
+from .topdown import single_draft_law
 
 
 def selection_distribution(p: torch.Tensor, q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -43,6 +44,9 @@ class KhistiVerifier(TopDownVerifier):
     has_branching_law = True
     uses_branching_columns = True
 
+    def branching_rows(self, copies: int) -> int:
+        return 2  # p and norm((p - q)+), for the nodes with one draft
+
     def branching_columns(self, p, q, tokens, k):
         r, rank = selection_distribution(p, q, k)
         index = torch.tensor(tokens, device=p.device)
@@ -50,7 +54,9 @@ class KhistiVerifier(TopDownVerifier):
                 "rest": residual(p, r)[index].tolist()}
 
     def branching(self, table, order):
-        columns = table.columns[len(order)]
+        if len(order) == 1:  # one draft: both solvers are single-draft speculative sampling (rho* = 1, r = q)
+            return single_draft_law(table, order[0])
+        columns = table.columns_for(len(order))
         winner = min(set(order), key=lambda c: columns["rank"][c])
         accept = columns["accept"][winner]
         out = {c: (1.0 - accept) * columns["rest"][c] for c in order}

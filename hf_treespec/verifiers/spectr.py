@@ -7,6 +7,7 @@ import torch
 from ..randomness import bernoulli
 from .base import VERIFIERS, sample
 from .topdown import TopDownVerifier, accept_prob, pick
+from .topdown import single_draft_law
 
 
 def kseq_division_factor(
@@ -61,13 +62,18 @@ class SpecTrVerifier(TopDownVerifier):
             return int(copies[pick(accepted.to(p.dtype), generator)])
         return sample(rest, generator)
 
+    def branching_rows(self, copies: int) -> int:
+        return 2  # p and norm((p - q)+), for the nodes with one draft
+
     def branching_columns(self, p, q, tokens, k):
         rho, rest = kseq_terms(p, q, k)
         index = torch.tensor(tokens, device=p.device)
         return {"accept": accept_prob(p[index], rho * q[index]).tolist(), "rest": rest[index].tolist()}
 
     def branching(self, table, order):
-        columns = table.columns[len(order)]
+        if len(order) == 1:  # one draft: both solvers are single-draft speculative sampling (rho* = 1, r = q)
+            return single_draft_law(table, order[0])
+        columns = table.columns_for(len(order))
         out: dict[int, float] = dict.fromkeys(order, 0.0)
         left = 1.0
         for c in order:
