@@ -15,13 +15,14 @@ import string
 
 import pytest
 import torch
-from transformers import GenerationConfig
+from transformers import GenerationConfig, LogitsProcessorList
 
 from hf_treespec.generation.decoding import resolve
 from hf_treespec.policies import POLICIES, DelaySelector, DelaySelectorConfig, DraftSource, StepContext
 from hf_treespec.drafters import as_drafter
 from hf_treespec.policies.nde import (
-    SCALAR_FEATURES, SELECTOR_SUBFOLDER, Action, NDEPolicy, action_space, root_features,
+    DIVERGENCE_FEATURES, FEATURE_SETS, SCALAR_FEATURES, SELECTOR_SUBFOLDER, Action, NDEPolicy, action_space,
+    divergences, root_features,
 )
 from hf_treespec.randomness import enumerate_outcomes
 from hf_treespec.tree import DraftTree, Regime
@@ -33,6 +34,7 @@ from hf_treespec.trainers import (
     load_nde_data,
     throughput_objective,
 )
+from hf_treespec.trainers.nde_data import draft_probe
 from hf_treespec.trainers.nde_stats import action_stats
 from hf_treespec.trainers.nde_trie import sample_trees, trie_tables
 from hf_treespec.verifiers import VERIFIERS
@@ -152,6 +154,92 @@ def test_root_features():
     assert f["draft_top1"] == pytest.approx(0.7) and f["draft_top4"] == pytest.approx(0.1)
     assert f["log_context_length"] == pytest.approx(math.log(100)) and f["temperature"] == pytest.approx(0.8)
     assert math.isnan(f["log_draft_seconds"]) and f["log_target_seconds"] == pytest.approx(math.log(0.05))
+
+
+def test_divergences_at_the_parent():
+    p = torch.tensor([0.5, 0.5, 0.0, 0.0])
+    q = torch.tensor([0.7, 0.1, 0.1, 0.1])
+    kl_pq, kl_qp, l1 = divergences(p, q).tolist()
+    assert kl_pq == pytest.approx(0.5 * math.log(0.5 / 0.7) + 0.5 * math.log(0.5 / 0.1), rel=1e-5)
+    floor = math.log(1e-10)  # p = 0 where q > 0: the KL(q || p) terms use the floor
+    expected = 0.7 * math.log(0.7 / 0.5) + 0.1 * math.log(0.1 / 0.5) + 2 * 0.1 * (math.log(0.1) - floor)
+    assert kl_qp == pytest.approx(expected, rel=1e-5) and l1 == pytest.approx(0.8, rel=1e-6)
+    assert divergences(p, p).tolist() == pytest.approx([0.0, 0.0, 0.0], abs=1e-7)
+    f = dict(zip(SCALAR_FEATURES, root_features(p, 1, q, 100, 0.8, 0.95, None, 0.05, q).tolist()))
+    assert f["l1_target_draft"] == pytest.approx(0.8, rel=1e-6) and f["kl_target_draft"] == pytest.approx(kl_pq)
+    assert all(math.isnan(v) for v in root_features(p, 1, q, 100, 0.8, 0.95, None, 0.05)[-3:].tolist())
+
+
+def paper_selector(actions, choice: int, draft_width: int = 32) -> DelaySelector:
+    """A ``paper`` feature-set selector that always picks ``actions[choice]``."""
+    chosen = FEATURE_SETS["paper"]
+    selector = DelaySelector(DelaySelectorConfig(
+        actions=[list(a) for a in actions], scalar_features=list(chosen.scalars), feature_set="paper",
+        hidden_inputs={"target_hidden": 32, "draft_hidden": draft_width}, shared_dim=8))
+    with torch.no_grad():
+        selector.mlp[-1].weight.zero_()
+        selector.mlp[-1].bias.zero_()
+        selector.mlp[-1].bias[choice] = 5.0
+    return selector.eval()
+
+
+def test_feature_set_is_saved_and_checked(tmp_path):
+    paper_selector(ACTIONS, 0).save_pretrained(tmp_path / "paper")
+    loaded = DelaySelector.from_pretrained(tmp_path / "paper")
+    assert loaded.config.feature_set == "paper" and set(loaded.config.hidden_inputs) == {"target_hidden",
+                                                                                         "draft_hidden"}
+    config = json.loads((tmp_path / "paper" / "config.json").read_text())
+    del config["feature_set"]  # a selector saved before the field existed reads as ours
+    (tmp_path / "paper" / "config.json").write_text(json.dumps(config))
+    assert DelaySelector.from_pretrained(tmp_path / "paper").config.feature_set == "root"
+    with pytest.raises(ValueError, match="unknown feature_set"):
+        DelaySelectorConfig(actions=[[1, 0, 1]], feature_set="mine")
+    assert set(FEATURE_SETS["paper"].scalars) - set(FEATURE_SETS["root"].scalars) == {
+        *DIVERGENCE_FEATURES, "log_draft_seconds", "log_target_seconds"}
+
+
+@pytest.mark.parametrize("drafter_name", ["perturbed", "truncated"])
+def test_paper_features_reach_the_selector(target, drafters, prompt, monkeypatch, drafter_name):
+    """Inside generate: the drafter's state at the root and q at the root's parent are the drafter's own, computed
+    from the committed text; greedy output stays plain greedy."""
+    seen = []
+    original = NDEPolicy.choose
+
+    def spy(self, context, draft_probs, draft_hidden=None):
+        seen.append((context, draft_probs, draft_hidden, self._parent_q))
+        return original(self, context, draft_probs, draft_hidden)
+
+    monkeypatch.setattr(NDEPolicy, "choose", spy)
+    drafter = drafters[drafter_name]
+    selector = paper_selector(ACTIONS, ACTIONS.index(Action(2, 1, 2)))
+    out = target.generate(prompt, do_sample=False, max_new_tokens=16, assistant_model=drafter, tree_policy="nde",
+                          tree_selector=selector, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, target.generate(prompt, do_sample=False, max_new_tokens=16))
+    assert len(seen) == len(out.accepted_lengths) >= 3
+    assert seen[0][3] is None  # no previous tree at the first root
+    full = out.sequences[0]
+    probe = functools.partial(draft_probe, as_drafter(drafter), LogitsProcessorList(), full)
+    for context, draft_probs, draft_hidden, parent_q in seen[1:]:
+        root = context.context_length - 1  # the root's position (committed tokens, root included)
+        root_q, root_hidden = probe(root, None)  # what nde-data records, from the committed text alone
+        parent_probe_q, parent_hidden = probe(root - 1, None)
+        # the decoding drafter's cache rows come from tree forwards, the probe's from one prefill: they agree to
+        # ~1e-3 here (a sharpened tiny head), ten times closer than the neighbouring position's values
+        gap = lambda a, b: float((a - b).abs().max())  # noqa: E731
+        assert gap(draft_hidden, root_hidden) < min(3e-3, 0.1 * gap(draft_hidden, parent_hidden))
+        assert gap(draft_probs, root_q) < min(1e-2, 0.1 * gap(draft_probs, parent_probe_q))
+        assert gap(parent_q, parent_probe_q) < min(3e-2, 0.25 * gap(parent_q, root_q))
+        scalars = dict(zip(SCALAR_FEATURES, root_features(context.target_probs, context.root_token, draft_probs,
+                                                          root + 1, 0.0, 1.0, None, None, parent_q).tolist()))
+        assert all(math.isfinite(scalars[n]) for n in DIVERGENCE_FEATURES)
+
+
+def test_paper_features_refuse_batched_decoding(target, drafters):
+    ids = torch.randint(1, VOCAB, (2, 6))
+    with pytest.raises(ValueError, match="batched decoding"):
+        target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=4, pad_token_id=0,
+                        assistant_model=drafters["perturbed"], tree_policy="nde",
+                        tree_selector=paper_selector(ACTIONS, 0))
 
 
 # ------------------------------------------------------------------------------------------------ generate
@@ -297,7 +385,7 @@ class ToySource(DraftSource):
         return _rows(toy_q, tree, nodes).log()
 
 
-@pytest.mark.parametrize("verifier", ["specinfer", "naivetree", "nss", "greedy"])
+@pytest.mark.parametrize("verifier", ["specinfer", "naivetree", "nss", "greedy", "spectr", "khisti_priority"])
 def test_block_efficiency_estimate_is_exact_in_expectation(verifier):
     actions = [Action(1, 0, 2), Action(2, 0, 1), Action(2, 0, 2), Action(2, 1, 1), Action(2, 1, 2)]
     draft = functools.partial(_rows, toy_q)
@@ -390,7 +478,8 @@ def test_trainer_loss_falls(tmp_path):
     torch.manual_seed(0)
     selector = build_selector(data, shared_dim=8, dropout=0.0)
     assert "log_draft_seconds" not in selector.config.scalar_features  # opt-in: --latency-features
-    assert build_selector(data, latency_features=True).config.scalar_features == list(SCALAR_FEATURES)
+    with_latency = build_selector(data, latency_features=True).config.scalar_features
+    assert with_latency == [n for n in SCALAR_FEATURES if n not in DIVERGENCE_FEATURES]
     args = NDEConfig(output_dir=str(tmp_path / "out"), max_steps=40, per_device_train_batch_size=32,
                      learning_rate=3e-3, logging_steps=40, save_strategy="no", use_cpu=True, disable_tqdm=True,
                      lr_scheduler_type="constant")
@@ -456,4 +545,23 @@ def test_cli_nde_data_then_train_then_generate(saved_target, target, drafters, p
     assert summary["steps"] == 3 and "eval_argmax_ratio" in summary["eval"]
     out = target.generate(prompt, do_sample=False, max_new_tokens=12, assistant_model=drafters["truncated"],
                           tree_policy="nde", tree_selector=str(tmp / "sel"))
+    assert torch.equal(out, target.generate(prompt, do_sample=False, max_new_tokens=12))
+
+    # several verifiers on the same tries; a paper-feature selector for one of them
+    summary = run(*data_args[:-1], str(tmp / "multi"), "--verifier", "specinfer,spectr,khisti_priority")
+    assert summary["roots"] == 6
+    own, khisti = load_nde_data(tmp / "multi"), load_nde_data(tmp / "multi", verifier="khisti_priority")
+    assert khisti.meta["verifier"] == "khisti_priority" and "block_efficiency_spectr" not in khisti.dataset.column_names
+    assert torch.allclose(own.dataset.with_format("torch")[:]["block_efficiency"], tau)  # same draws as before
+    assert not torch.allclose(khisti.dataset.with_format("torch")[:]["block_efficiency"], tau)
+    assert own.meta["draft_hidden_size"] == 32 and len(own.dataset[0]["draft_hidden"]) == 32
+    with pytest.raises(ValueError, match="not 'nss'"):
+        load_nde_data(tmp / "multi", verifier="nss")
+    summary = run("nde", "--data", str(tmp / "multi"), "--verifier", "khisti_priority", "--feature-set", "paper",
+                  "--max-steps", "3", "--batch-size", "4", "--output-dir", str(tmp / "sel-paper"), "--shared-dim", "8")
+    loaded = DelaySelector.from_pretrained(tmp / "sel-paper")
+    assert loaded.config.feature_set == "paper" and loaded.config.verifier == "khisti_priority"
+    assert set(DIVERGENCE_FEATURES) <= set(loaded.config.scalar_features)
+    out = target.generate(prompt, do_sample=False, max_new_tokens=12, assistant_model=drafters["truncated"],
+                          tree_policy="nde", tree_selector=str(tmp / "sel-paper"))
     assert torch.equal(out, target.generate(prompt, do_sample=False, max_new_tokens=12))

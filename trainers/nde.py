@@ -27,6 +27,7 @@ import torch
 from transformers import Trainer, TrainingArguments
 
 from hf_treespec.policies.nde import (
+    FEATURE_SETS,
     LATENCY_FEATURES,
     SCALAR_FEATURES,
     Action,
@@ -141,20 +142,34 @@ class NDECollator:
 
 
 def build_selector(data: NDEData, shared_dim: int = 64, dropout: float = 0.1, use_hidden: bool = True,
-                   latency_features: bool = False, scalar_features: list[str] | None = None) -> DelaySelector:
-    """A fresh selector for ``data``'s actions (hidden input: the target state at the root's parent, if wanted).
+                   latency_features: bool = False, scalar_features: list[str] | None = None,
+                   feature_set: str = "root") -> DelaySelector:
+    """A fresh selector for ``data``'s actions reading the inputs of ``feature_set`` (:data:`FEATURE_SETS`:
+    ``root``, ours, or ``paper``, Appendix E's); ``use_hidden=False`` drops the hidden-state blocks.
 
     The latency features are left out unless ``latency_features``: data from one machine has them nearly constant
     (they follow the context length, itself a feature), while the running means measured while decoding include the
     policy's own overhead and sit off the microbenchmark's scale, so they would only add a train / inference gap.
     The step times of the objective carry the hardware either way. Use them when the data mixes machines.
     """
+    if feature_set not in FEATURE_SETS:
+        raise ValueError(f"unknown feature set {feature_set!r}; known: {sorted(FEATURE_SETS)}.")
+    chosen = FEATURE_SETS[feature_set]
+    available = list(data.meta["scalar_features"])
     if scalar_features is None:
-        scalar_features = [n for n in data.meta["scalar_features"] if latency_features or n not in LATENCY_FEATURES]
+        scalar_features = [n for n in available if n in chosen.scalars or (latency_features and n in LATENCY_FEATURES)]
+        missing = [n for n in chosen.scalars if n not in available]
+        if missing:
+            raise ValueError(f"feature_set={feature_set!r} reads {missing}, which this nde-data lacks (made by an "
+                             "older version): regenerate it with `hf-treespec train nde-data`.")
+    widths = {"target_hidden": data.meta.get("hidden_size"), "draft_hidden": data.meta.get("draft_hidden_size")}
+    hidden = {name: int(widths[name]) for name in chosen.hidden if widths[name]} if use_hidden else {}
+    if use_hidden and len(hidden) != len(chosen.hidden):
+        raise ValueError(f"feature_set={feature_set!r} reads the hidden states {list(chosen.hidden)}; this nde-data "
+                         "has no drafter hidden state (made by an older version): regenerate it.")
     config = DelaySelectorConfig(
-        actions=[list(a) for a in data.actions], scalar_features=list(scalar_features),
-        hidden_inputs={"target_hidden": int(data.meta["hidden_size"])} if use_hidden else {},
-        shared_dim=shared_dim, dropout=dropout, verifier=data.meta.get("verifier"),
+        actions=[list(a) for a in data.actions], scalar_features=list(scalar_features), hidden_inputs=hidden,
+        shared_dim=shared_dim, dropout=dropout, verifier=data.meta.get("verifier"), feature_set=feature_set,
     )
     return DelaySelector(config)
 

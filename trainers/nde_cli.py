@@ -36,8 +36,10 @@ def add_nde_data_parser(commands) -> None:
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (verifier greedy)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=None, help="default off")
-    p.add_argument("--verifier", default=None, help="top-down verifier to estimate for (default: specinfer when "
-                                                    "sampling, greedy at temperature 0); specinfer, naivetree, nss")
+    p.add_argument("--verifier", default=None, help="top-down verifier(s) to estimate for, comma-separated (default: "
+                                                    "specinfer when sampling, greedy at temperature 0); specinfer, "
+                                                    "spectr, khisti_priority, naivetree, nss. Several share the trajectories, "
+                                                    "trees and target forwards; the first is the folder's own")
     p.add_argument("--max-new-tokens", type=int, default=256, help="trajectory length per prompt")
     p.add_argument("--root-every", type=int, default=16, help="a root every N generated tokens")
     p.add_argument("--num-samples", type=int, default=8, help="delayed trees per root (drafting-noise average)")
@@ -74,9 +76,11 @@ def run_nde_data(args: argparse.Namespace) -> int:
     from .nde_data import NDEDataConfig, generate_nde_data, load_nde_data
 
     set_threads(args)
-    verifier = args.verifier or ("greedy" if args.temperature == 0 else "specinfer")
+    verifiers = [v.strip() for v in (args.verifier or ("greedy" if args.temperature == 0 else "specinfer")).split(",")
+                 if v.strip()]
     config = NDEDataConfig(
-        paths=args.paths, trunks=args.trunks, branches=args.branches, verifier=verifier,
+        paths=args.paths, trunks=args.trunks, branches=args.branches, verifier=verifiers[0],
+        extra_verifiers=verifiers[1:],
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_new_tokens=args.max_new_tokens,
         root_every=args.root_every, num_samples=args.num_samples, trees_per_forward=args.trees_per_forward,
         chunk_size=args.chunk_size, seed=args.seed, target=args.target, drafter=args.drafter,
@@ -123,6 +127,11 @@ class NDERunArguments:
     no_hidden: bool = field(default=False, metadata={"help": "scalar features only (no target hidden state)"})
     latency_features: bool = field(default=False, metadata={
         "help": "also feed the measured draft / target latencies (useful when --data mixes machines)"})
+    feature_set: str = field(default="root", metadata={
+        "help": "selector inputs: 'root' (ours: target hidden state + root scalars) or 'paper' (Appendix E: adds the "
+                "drafter's hidden state, p / q KL and L1 at the parent, latencies)", "choices": ["root", "paper"]})
+    verifier: str | None = field(default=None, metadata={
+        "help": "train for this verifier's block efficiency (default: the data's own; or one of its extra verifiers)"})
     resume: str | None = resume_field()
     threads: int | None = field(default=None, metadata={"help": "torch.set_num_threads (default: torch's)"})
     no_progress: bool = field(default=False, metadata={"help": "hide progress bars"})
@@ -142,10 +151,10 @@ def run_nde(args: argparse.Namespace) -> int:
     from .nde_data import load_nde_data
 
     set_threads(args)
-    data = load_nde_data(args.data)
-    eval_data = load_nde_data(args.eval_data) if args.eval_data else None
+    data = load_nde_data(args.data, args.verifier)
+    eval_data = load_nde_data(args.eval_data, args.verifier) if args.eval_data else None
     selector = build_selector(data, shared_dim=args.shared_dim, dropout=args.dropout, use_hidden=not args.no_hidden,
-                              latency_features=args.latency_features)
+                              latency_features=args.latency_features, feature_set=args.feature_set)
     training_args = config_from_args(NDEConfig, args, **run_overrides(args, eval_data))
     trainer = NDETrainer(selector, training_args, train_dataset=data, eval_dataset=eval_data)
     start = time.perf_counter()

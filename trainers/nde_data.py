@@ -13,7 +13,9 @@ is taken every ``root_every`` tokens of the generated text. For every root and e
   ``l1 + l2`` draft forwards over their frontier widths, one target forward over the tree, plus a fixed per-step
   overhead), from a latency model fitted on a microbenchmark of the actual target and drafter (:class:`LatencyModel`);
 - the root features of :func:`hf_treespec.policies.nde.root_features` and the target's hidden state at the parent,
-  computed exactly as the ``nde`` policy computes them while decoding.
+  computed exactly as the ``nde`` policy computes them while decoding, plus what the ``paper`` feature set adds: the
+  drafter's hidden state at the root and q at the parent (for the p / q divergences), each from one extra draft
+  forward over the true context (:func:`draft_probe`).
 
 Why ``num_samples = 8`` by default. Every sample is one delayed tree per trunk length, grown on a shared trie
 (:func:`sample_trees`), so one sample costs about ``|trunks| x max_k x max_l2`` draft nodes and as many target tree
@@ -50,7 +52,7 @@ from hf_treespec.compat import CACHE_KWARG
 from hf_treespec.drafters.base import Drafter, TargetFeatures, as_drafter
 from hf_treespec.features import capture_hidden_states
 from hf_treespec.generation.processors import process_tree_logits
-from hf_treespec.policies.nde import SCALAR_FEATURES, Action, action_space, root_features
+from hf_treespec.policies.nde import SCALAR_FEATURES, Action, action_space, capture_draft_hidden, root_features
 from hf_treespec.randomness import Randomness
 from hf_treespec.tree import DraftTree
 from hf_treespec.verifiers import VERIFIERS
@@ -61,6 +63,7 @@ from .nde_stats import ActionStats, action_stats
 from .nde_trie import ProbsFn, sample_trees, trie_tables
 
 META_FILE = "nde_data.json"
+EXTRA_PREFIX = "block_efficiency_"  # column of an extra verifier's block efficiency
 CHUNK_PREFIX = "chunk-"
 
 
@@ -70,8 +73,7 @@ def check_verifier(name: str) -> None:
     if name not in have:
         raise ValueError(
             f"block-efficiency estimates need closed-form branching probabilities; they exist for the top-down "
-            f"verifiers {have}, not {name!r} (traversal is bottom-up; spectr / khisti need their solvers' branching "
-            "laws, not implemented)."
+            f"verifiers {have}, not {name!r} (traversal is bottom-up: it has no per-node branching law)."
         )
 
 
@@ -83,6 +85,9 @@ class NDEDataConfig:
     Args:
         paths / trunks / branches: the action space k x l1 x l2 (:func:`~hf_treespec.policies.nde.action_space`).
         verifier: top-down verifier whose block efficiency is estimated (``Verifier.branching``).
+        extra_verifiers: more verifiers estimated on the same trajectories, tries and target forwards (each adds
+            only its branching tables), stored as ``block_efficiency_<name>`` columns; ``load_nde_data(...,
+            verifier=name)`` reads one of them as the folder's ``block_efficiency``.
         temperature / top_p / top_k: sampling of the trajectories, of p and q (temperature 0 = greedy, verifier
             must then be ``greedy``).
         max_new_tokens: trajectory length per prompt.
@@ -97,6 +102,7 @@ class NDEDataConfig:
     trunks: list[int] = field(default_factory=lambda: [0, 1, 2, 3])
     branches: list[int] = field(default_factory=lambda: [1, 2, 3, 4])
     verifier: str = "specinfer"
+    extra_verifiers: list[str] = field(default_factory=list)
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int | None = None
@@ -110,10 +116,12 @@ class NDEDataConfig:
     drafter: str = ""
 
     def __post_init__(self) -> None:
-        check_verifier(self.verifier)
+        self.extra_verifiers = [v for v in dict.fromkeys(self.extra_verifiers) if v != self.verifier]
         greedy = self.temperature == 0
-        if greedy != (self.verifier == "greedy"):
-            raise ValueError("temperature 0 (greedy decoding) goes with verifier='greedy', and only then.")
+        for name in (self.verifier, *self.extra_verifiers):
+            check_verifier(name)
+            if greedy != (name == "greedy"):
+                raise ValueError("temperature 0 (greedy decoding) goes with verifier='greedy', and only then.")
         for name in ("max_new_tokens", "root_every", "num_samples", "trees_per_forward", "chunk_size"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
@@ -196,14 +204,40 @@ def draft_callable(drafter: Drafter, processors: LogitsProcessorList, prefix_ids
     return probs
 
 
+def draft_probe(drafter: Drafter, processors: LogitsProcessorList, sequence: torch.Tensor, position: int,
+                states: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q(. | sequence[:position + 1]) warped, the drafter's last-block state there) from a drafter started on the
+    true context before ``position`` (``states``: the target features the drafter reads, or None)."""
+    drafter.start(sequence[:position], None if states is None else TargetFeatures(states[:position]))
+    tree = DraftTree.root(int(sequence[position]))
+    node = torch.zeros(1, dtype=torch.long)
+    with capture_draft_hidden(drafter) as seen:
+        logits = drafter.expand(tree, node)
+    prefix = sequence[None, : position + 1]
+    q = torch.log_softmax(process_tree_logits(processors, prefix, tree, node, logits.float()), -1).exp()[0]
+    return q, seen[-1]
+
+
+def draft_hidden_size(drafter: Drafter) -> int:
+    """Width of the drafter's hidden state (its model's ``hidden_size``)."""
+    config = getattr(getattr(drafter, "model", None), "config", None)
+    size = getattr(config, "hidden_size", None) if config is not None else None
+    if size is None:
+        raise ValueError(f"nde-data records the drafter's hidden state; {type(drafter).__name__} has no model config "
+                         "with a hidden_size.")
+    return int(size)
+
+
 def estimate_root(
     new_draft: Callable[[], ProbsFn], target: ProbsFn, root_token: int, config: NDEDataConfig,
     generator: Randomness = None, device: torch.device | str = "cpu",
-) -> tuple[ActionStats, torch.Tensor]:
-    """Per-sample :class:`ActionStats` of one root and q(. | root). ``new_draft()`` restarts the drafter at the root's
-    context (each trie grows from a fresh drafter state)."""
+) -> tuple[ActionStats, torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-sample :class:`ActionStats` of one root, q(. | root) and the per-sample tau ``[N, A]`` of each extra
+    verifier. ``new_draft()`` restarts the drafter at the root's context (each trie grows from a fresh drafter
+    state)."""
     actions = config.actions
     stats, root_q = [], None
+    extra: dict[str, list[torch.Tensor]] = {name: [] for name in config.extra_verifiers}
     remaining = config.num_samples
     while remaining > 0:
         count = min(remaining, config.trees_per_forward)
@@ -214,7 +248,11 @@ def estimate_root(
             root_q = trees.trie.draft_q(0).float().cpu()
         tables = trie_tables(trees, target, config.verifier, max(config.paths))
         stats.append(action_stats(trees, tables, actions, config.verifier))
-    return ActionStats(*(torch.cat([getattr(s, f) for s in stats]) for f in ("tau", "nodes", "draft_width"))), root_q
+        for name in extra:  # the trie's target forward is cached by the oracle: only the tables are new
+            extra[name].append(action_stats(trees, trie_tables(trees, target, name, max(config.paths)), actions,
+                                            name).tau)
+    joined = ActionStats(*(torch.cat([getattr(s, f) for s in stats]) for f in ("tau", "nodes", "draft_width")))
+    return joined, root_q, {name: torch.cat(parts) for name, parts in extra.items()}
 
 
 @torch.no_grad()
@@ -256,29 +294,35 @@ def prompt_rows(
             return draft_callable(drafter, processors, prefix)
 
         target = TargetOracle(model, processors, cache, t, prefix)
-        stats, root_q = estimate_root(new_draft, target, int(sequence[t]), config, generator, device)
+        stats, root_q, extra_tau = estimate_root(new_draft, target, int(sequence[t]), config, generator, device)
+        _, draft_hidden = draft_probe(drafter, processors, sequence, t, drafter_states)
+        parent_q = draft_probe(drafter, processors, sequence, t - 1, drafter_states)[0] if t > 1 else None
         context = t + 1
         nodes, width = stats.nodes.mean(0), stats.draft_width.mean(0)
         seconds = [latency.step_seconds(context, int(c), float(w), float(n)) for c, w, n in zip(calls, width, nodes)]
         features = root_features(p_parent, int(sequence[t]), root_q, context, config.temperature if config.do_sample
                                  else 0.0, config.top_p if config.do_sample else 1.0,
-                                 latency.draft_seconds(context, 1), latency.target_seconds(context, 16))
+                                 latency.draft_seconds(context, 1), latency.target_seconds(context, 16), parent_q)
         rows.append({
             "prompt": prompt_index, "position": t, "context_length": context, "root_token": int(sequence[t]),
             "target_hidden": parent_hidden[t - 1].float().cpu().tolist(), "scalars": features.tolist(),
+            "draft_hidden": draft_hidden.cpu().tolist(),
             "block_efficiency": stats.tau.mean(0).tolist(), "seconds": seconds, "tree_nodes": nodes.tolist(),
             "temperature": config.temperature, "top_p": config.top_p if config.do_sample else 1.0,
+            **{f"{EXTRA_PREFIX}{name}": tau.mean(0).tolist() for name, tau in extra_tau.items()},
         })
     return rows[::-1]
 
 
 # ------------------------------------------------------------------------------------------------ dataset
-def _features(hidden_size: int, num_actions: int):
+def _features(hidden_size: int, num_actions: int, draft_size: int, extra_verifiers: Sequence[str] = ()):
     from datasets import Features, Sequence as Seq, Value
 
     return Features({
+        **{f"{EXTRA_PREFIX}{name}": Seq(Value("float32"), length=num_actions) for name in extra_verifiers},
         "prompt": Value("int32"), "position": Value("int32"), "context_length": Value("int32"),
         "root_token": Value("int32"), "target_hidden": Seq(Value("float32"), length=hidden_size),
+        "draft_hidden": Seq(Value("float32"), length=draft_size),
         "scalars": Seq(Value("float32"), length=len(SCALAR_FEATURES)),
         "block_efficiency": Seq(Value("float32"), length=num_actions),
         "seconds": Seq(Value("float32"), length=num_actions), "tree_nodes": Seq(Value("float32"), length=num_actions),
@@ -286,10 +330,11 @@ def _features(hidden_size: int, num_actions: int):
     })
 
 
-def _meta(config: NDEDataConfig, hidden_size: int, latency: LatencyModel) -> dict[str, Any]:
+def _meta(config: NDEDataConfig, hidden_size: int, draft_size: int, latency: LatencyModel) -> dict[str, Any]:
     return {"actions": [list(a) for a in config.actions], "scalar_features": list(SCALAR_FEATURES),
-            "hidden_size": hidden_size, "verifier": config.verifier, "latency": asdict(latency),
-            "config": asdict(config)}
+            "hidden_size": hidden_size, "draft_hidden_size": draft_size, "verifier": config.verifier,
+            "extra_verifiers": list(config.extra_verifiers),
+            "latency": asdict(latency), "config": asdict(config)}
 
 
 def generate_nde_data(
@@ -310,17 +355,19 @@ def generate_nde_data(
     if drafter.vocab_size != vocab:
         raise ValueError(f"the drafter's vocabulary ({drafter.vocab_size}) differs from the target's ({vocab}).")
     hidden_size = int(model.config.get_text_config().hidden_size)
+    draft_size = draft_hidden_size(drafter)
     meta_path = output / META_FILE
     if meta_path.is_file():
         meta = json.loads(meta_path.read_text())
-        if meta["config"] != asdict(config) or meta["hidden_size"] != hidden_size:
+        if (meta["config"] != asdict(config) or meta["hidden_size"] != hidden_size
+                or meta["scalar_features"] != list(SCALAR_FEATURES) or meta.get("draft_hidden_size") != draft_size):
             raise ValueError(f"{output} holds NDE data made with other settings ({meta['config']}); use another "
                              "--output or the same settings to resume.")
         latency = LatencyModel(**meta["latency"])
     else:
         latency = latency or measure_latency(model, drafter_model)
-        meta_path.write_text(json.dumps(_meta(config, hidden_size, latency), indent=2) + "\n")
-    features = _features(hidden_size, len(config.actions))
+        meta_path.write_text(json.dumps(_meta(config, hidden_size, draft_size, latency), indent=2) + "\n")
+    features = _features(hidden_size, len(config.actions), draft_size, config.extra_verifiers)
     bar = tqdm(total=len(prompts), desc="nde-data", unit="prompt", disable=not progress)
     roots = 0
     for chunk, start in enumerate(range(0, len(prompts), config.chunk_size)):
@@ -359,9 +406,10 @@ class NDEData:
         return len(self.dataset)
 
 
-def load_nde_data(paths: str | Path | Iterable[str | Path]) -> NDEData:
+def load_nde_data(paths: str | Path | Iterable[str | Path], verifier: str | None = None) -> NDEData:
     """Concatenates the finished chunks of one or more folders (e.g. several temperatures); their actions, features,
-    verifier and target hidden size must agree."""
+    verifier and target hidden size must agree. ``verifier``: read that verifier's block efficiency (the folder's own,
+    or one of its ``extra_verifiers``) as ``block_efficiency``."""
     from datasets import concatenate_datasets, load_from_disk
 
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
@@ -371,13 +419,24 @@ def load_nde_data(paths: str | Path | Iterable[str | Path]) -> NDEData:
             raise ValueError(f"{path} is not an nde-data folder (no {META_FILE}); make one with "
                              "`hf-treespec train nde-data`.")
         this = json.loads((path / META_FILE).read_text())
+        extras = list(this.get("extra_verifiers", []))
+        wanted = verifier or this["verifier"]
+        if wanted != this["verifier"] and wanted not in extras:
+            raise ValueError(f"{path} has block efficiencies for {[this['verifier'], *extras]}, not {wanted!r}.")
+        this = dict(this, verifier=wanted, extra_verifiers=[])
         if meta is not None:
-            for key in ("actions", "scalar_features", "hidden_size", "verifier"):
-                if this[key] != meta[key]:
+            for key in ("actions", "scalar_features", "hidden_size", "verifier", "draft_hidden_size"):
+                if this.get(key) != meta.get(key):
                     raise ValueError(f"{path} has other {key} than {paths[0]}; NDE data folders must share it.")
         meta = meta or this
-        parts += [load_from_disk(str(p)) for p in sorted(path.glob(f"{CHUNK_PREFIX}*"))
-                  if p.is_dir() and not p.name.endswith(".tmp")]
+        for chunk in sorted(path.glob(f"{CHUNK_PREFIX}*")):
+            if not chunk.is_dir() or chunk.name.endswith(".tmp"):
+                continue
+            part = load_from_disk(str(chunk))
+            if wanted in extras:
+                part = part.remove_columns("block_efficiency").rename_column(f"{EXTRA_PREFIX}{wanted}",
+                                                                             "block_efficiency")
+            parts.append(part.remove_columns([c for c in part.column_names if c.startswith(EXTRA_PREFIX)]))
     if not parts:
         raise ValueError(f"no finished chunk in {', '.join(map(str, paths))}.")
     return NDEData(dataset=concatenate_datasets(parts) if len(parts) > 1 else parts[0], meta=meta)

@@ -110,7 +110,9 @@ def trie_tables(trees: SampledTrees, target: ProbsFn, verifier: str, max_paths: 
     for u, x in zip(trie.parents.tolist(), trie.tokens.tolist()):
         if u >= 0:
             kids.setdefault(u, []).append(x)
-    depth_of = VERIFIERS.get(verifier)().branching_rows
+    solver = VERIFIERS.get(verifier)()
+    depth_of = solver.branching_rows
+    columns = solver.branching_columns if solver.uses_branching_columns else None
     copies = max_copies(trees).tolist()
     tables: dict[int, NodeTable] = {}
     for start in range(0, expanded.numel(), chunk):
@@ -118,7 +120,8 @@ def trie_tables(trees: SampledTrees, target: ProbsFn, verifier: str, max_paths: 
         p = target(trie, nodes)
         q = trie.draft_probs[trie.q_index[nodes]].to(p.device, p.dtype)
         ids = nodes.tolist()
-        for node, table in zip(ids, node_tables(p, q, [kids[v] for v in ids], [depth_of(copies[v]) for v in ids])):
+        for node, table in zip(ids, node_tables(p, q, [kids[v] for v in ids], [depth_of(copies[v]) for v in ids],
+                                                columns)):
             tables[node] = table
     return tables
 

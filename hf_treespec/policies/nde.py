@@ -9,23 +9,31 @@ of l2 tokens from its tip), reusing q(. | root). The tree law given the chosen a
 action depends only on the context and on q(. | root), never on the tokens drawn, so every verifier that is lossless
 for i.i.d. trees stays lossless.
 
-Features (both at inference and in the offline data of ``hf-treespec train nde-data``, through :func:`root_features`):
-the target's pre-norm last hidden state at the root's parent (standardised per dimension, projected, LayerNorm);
-and standardised scalars: entropy and top-1 probability of the target distribution p at the parent, log p(root),
-entropy and top-4 probabilities of the draft distribution q at the root, log context length, temperature, top-p and
-the log of the measured draft / target forward times (running means while decoding, the fitted microbenchmark in the
-data; ``hf-treespec train nde`` feeds them to the selector only with ``--latency-features``). The paper's draft hidden states and p/q divergences at the
-parent are left out: drafters expose no hidden state through the `Drafter` interface, and q at the parent exists only
-when the previous tree happened to expand that node (never after a fully accepted path), so a feature built on it
-would differ between training data and decoding.
+Features (both at inference and in the offline data of ``hf-treespec train nde-data``, through :func:`root_features`)
+come in named sets (:data:`FEATURE_SETS`, recorded as ``feature_set`` in the selector's config):
+
+- ``root`` (the default, and what the shipped selector reads): the target's pre-norm last hidden state at the root's
+  parent (standardised per dimension, projected, LayerNorm); and standardised scalars: entropy and top-1 probability
+  of the target distribution p at the parent, log p(root), entropy and top-4 probabilities of the draft distribution
+  q at the root, log context length, temperature and top-p. The log measured draft / target forward times are added
+  only with ``hf-treespec train nde --latency-features``.
+- ``paper`` (Appendix E): ``root`` plus the drafter's pre-norm last hidden state at the root (captured in the draft
+  forward the tree makes anyway), KL(p || q), KL(q || p) and the L1 distance between p and q at the root's parent, and
+  the latency features. q at the parent is the draft distribution the previous tree recorded there, or one extra
+  one-node draft forward on that tree (before the drafter commits) when the parent was a leaf, the paper's "extra
+  draft forward pass is relatively cheap"; the first step of a generation has none (its divergences are imputed with
+  the training mean). In the offline data q at the parent is drafted from the true context, as at a root. The paper's
+  third hidden block, the draft state at the parent, is left out: the recorded q at an expanded parent comes without
+  the drafter's state, and re-running the drafter there would cost a forward per step.
 """
 
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import product
-from typing import TYPE_CHECKING, Any, ClassVar, Iterable, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Iterator, NamedTuple
 
 import torch
 from torch import nn
@@ -49,12 +57,35 @@ SCALAR_FEATURES: tuple[str, ...] = (
     "target_entropy", "target_top1", "root_target_logprob",
     "draft_entropy", "draft_top1", "draft_top2", "draft_top3", "draft_top4",
     "log_context_length", "temperature", "top_p", "log_draft_seconds", "log_target_seconds",
+    "kl_target_draft", "kl_draft_target", "l1_target_draft",
 )
 #: the measured-latency features: hardware-aware, but on one machine they vary only with the context length
 LATENCY_FEATURES: tuple[str, ...] = ("log_draft_seconds", "log_target_seconds")
+#: p / q divergences at the root's parent (they need q there: see the module docstring)
+DIVERGENCE_FEATURES: tuple[str, ...] = ("kl_target_draft", "kl_draft_target", "l1_target_draft")
 #: hidden-state inputs the policy can provide
-HIDDEN_FEATURES: tuple[str, ...] = ("target_hidden",)
+HIDDEN_FEATURES: tuple[str, ...] = ("target_hidden", "draft_hidden")
 _LOG_FLOOR = -30.0
+_PROB_FLOOR = 1e-10  # q floor inside the KL: warping (top-p) zeroes tokens the other side still has
+
+
+@dataclass(frozen=True)
+class FeatureSet:
+    """A named choice of selector inputs: scalar features (from :data:`SCALAR_FEATURES`) and hidden-state blocks
+    (from :data:`HIDDEN_FEATURES`)."""
+
+    name: str
+    scalars: tuple[str, ...]
+    hidden: tuple[str, ...]
+
+
+_ROOT_SCALARS = tuple(n for n in SCALAR_FEATURES if n not in LATENCY_FEATURES + DIVERGENCE_FEATURES)
+#: ``root``: ours (no draft hidden state, no divergences, latencies opt-in); ``paper``: Appendix E's list
+FEATURE_SETS: dict[str, FeatureSet] = {
+    "root": FeatureSet("root", _ROOT_SCALARS, ("target_hidden",)),
+    "paper": FeatureSet("paper", _ROOT_SCALARS + DIVERGENCE_FEATURES + LATENCY_FEATURES,
+                        ("target_hidden", "draft_hidden")),
+}
 
 HOW_TO_TRAIN = (
     "Make one with `hf-treespec train nde-data --drafter <drafter> --output runs/nde/data ...` (offline block-"
@@ -112,12 +143,26 @@ def _log(value: float | None) -> float:
     return math.log(value) if value is not None and value > 0 else math.nan
 
 
+def divergences(target_probs: torch.Tensor, draft_probs: torch.Tensor | None) -> torch.Tensor:
+    """``[3]``: KL(p || q), KL(q || p) and sum |p - q| of two ``[V]`` distributions at one position (the other side
+    floored at 1e-10 inside each KL, as warping zeroes different tokens on each side); NaN without ``draft_probs``."""
+    if draft_probs is None:
+        return torch.full((3,), math.nan)
+    p, q = target_probs.detach().float(), draft_probs.detach().float().to(target_probs.device)
+    log_p, log_q = p.clamp(min=_PROB_FLOOR).log(), q.clamp(min=_PROB_FLOOR).log()
+    kl_pq = torch.where(p > 0, p * (log_p - log_q), 0.0).sum()
+    kl_qp = torch.where(q > 0, q * (log_q - log_p), 0.0).sum()
+    return torch.stack([kl_pq, kl_qp, (p - q).abs().sum()]).cpu()
+
+
 def root_features(
     target_probs: torch.Tensor, root_token: int, draft_probs: torch.Tensor, context_length: int, temperature: float,
     top_p: float, draft_seconds: float | None, target_seconds: float | None,
+    draft_parent_probs: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``[len(SCALAR_FEATURES)]`` float32 scalar features of one root. Unknown latencies are NaN (the selector
-    replaces them by its training mean)."""
+    """``[len(SCALAR_FEATURES)]`` float32 scalar features of one root (``target_probs``: p at the root's parent;
+    ``draft_probs``: q at the root; ``draft_parent_probs``: q at the parent, for the divergences). Unknown latencies
+    and divergences are NaN (the selector replaces them by its training mean)."""
     p = target_probs.detach().float()
     q = draft_probs.detach().float()
     top = q.topk(min(4, q.numel())).values.tolist()
@@ -129,13 +174,47 @@ def root_features(
         math.log(max(int(context_length), 1)), float(temperature), float(top_p),
         _log(draft_seconds), _log(target_seconds),
     ]
-    return torch.tensor(values, dtype=torch.float32)
+    return torch.cat([torch.tensor(values, dtype=torch.float32), divergences(p, draft_parent_probs)])
 
 
-def context_features(context: StepContext, draft_probs: torch.Tensor) -> torch.Tensor:
+def context_features(context: StepContext, draft_probs: torch.Tensor,
+                     draft_parent_probs: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`root_features` of a decoding step."""
     return root_features(context.target_probs, context.root_token, draft_probs, context.context_length,
-                         context.temperature, context.top_p, context.draft_seconds, context.target_seconds)
+                         context.temperature, context.top_p, context.draft_seconds, context.target_seconds,
+                         draft_parent_probs)
+
+
+def drafter_last_layer(drafter: "Drafter") -> nn.Module:
+    """The last decoder block of a drafter's model (its output is the drafter's pre-norm last hidden state)."""
+    from ..features import decoder_layers
+
+    model = getattr(drafter, "model", None)
+    layers = getattr(model, "layers", None)
+    if isinstance(layers, nn.ModuleList) and len(layers):
+        return layers[-1]
+    try:
+        return decoder_layers(model)[-1]
+    except (ValueError, AttributeError, TypeError) as error:
+        raise ValueError(f"the delay selector reads the drafter's hidden state, but {type(drafter).__name__} has no "
+                         "decoder layers to read it from (use a selector trained with feature_set='root').") from error
+
+
+@contextmanager
+def capture_draft_hidden(drafter: "Drafter") -> Iterator[list[torch.Tensor]]:
+    """Within the block, each drafter forward appends its last block's output at the last input row (the node just
+    expanded when one node is expanded at a time) to the yielded list."""
+    seen: list[torch.Tensor] = []
+
+    def hook(module, args, output):
+        out = output[0] if isinstance(output, tuple) else output
+        seen.append(out.reshape(-1, out.shape[-1])[-1].detach().float())
+
+    handle = drafter_last_layer(drafter).register_forward_hook(hook)
+    try:
+        yield seen
+    finally:
+        handle.remove()
 
 
 # ---------------------------------------------------------------------------------------------------- selector
@@ -155,6 +234,8 @@ class DelaySelectorConfig:
         standardised: whether the standardisation statistics were fitted (``fit_standardisation``).
         verifier: the verifier the block-efficiency targets were estimated for.
         baseline_actions: static baseline action per sampling setting (``"T=1.0,top_p=1.0"``) used in training.
+        feature_set: name of the :data:`FEATURE_SETS` entry the inputs were chosen from (``root`` for configs saved
+            before the field existed); ``scalar_features`` / ``hidden_inputs`` stay the exact inputs read.
     """
 
     actions: list[list[int]]
@@ -167,6 +248,7 @@ class DelaySelectorConfig:
     standardised: bool = False
     verifier: str | None = None
     baseline_actions: dict[str, list[int]] = field(default_factory=dict)
+    feature_set: str = "root"
     selector_type: str = SELECTOR_TYPE
 
     def __post_init__(self) -> None:
@@ -179,6 +261,8 @@ class DelaySelectorConfig:
         unknown = [n for n in self.hidden_inputs if n not in HIDDEN_FEATURES]
         if unknown:
             raise ValueError(f"unknown hidden inputs {unknown}; known: {list(HIDDEN_FEATURES)}.")
+        if self.feature_set not in FEATURE_SETS:
+            raise ValueError(f"unknown feature_set {self.feature_set!r}; known: {sorted(FEATURE_SETS)}.")
         if not self.scalar_features and not self.hidden_inputs:
             raise ValueError("the selector needs at least one scalar feature or hidden input.")
         if len(self.mlp_hidden) != 2 or min(self.mlp_hidden) < 1 or self.shared_dim < 1:
@@ -345,22 +429,63 @@ class NDEPolicy(TreePolicy):
         return "target_hidden" in self.selector.config.hidden_inputs
 
     @property
+    def needs_draft_hidden(self) -> bool:
+        return "draft_hidden" in self.selector.config.hidden_inputs
+
+    @property
+    def needs_parent_q(self) -> bool:
+        """Whether the selector reads p / q divergences at the root's parent (q there is kept from the last step)."""
+        return any(n in DIVERGENCE_FEATURES for n in self.selector.config.scalar_features)
+
+    @property
     def context_needs(self) -> frozenset[str]:
         """Latencies and the target's probabilities always (selector features); its hidden state when the selector
         reads it."""
         needs = {"latencies", "target_probs"}
         return frozenset(needs | {"target_hidden"} if self.needs_target_hidden else needs)
 
-    def choose(self, context: StepContext, draft_probs: torch.Tensor) -> Action:
-        """The selector's action for this root (``draft_probs``: q(. | root))."""
+    def setup(self, setup) -> None:
+        super().setup(setup)
+        self._last: tuple[DraftTree, DraftSource] | None = None  # the last tree built and its source
+        self._parent_q: torch.Tensor | None = None
+        if setup.batch > 1 and (self.needs_draft_hidden or self.needs_parent_q):
+            raise ValueError(f"this delay selector (feature_set={self.selector.config.feature_set!r}) reads the "
+                             "drafter's state, which batched decoding does not keep per row; decode one sequence "
+                             "at a time or use a selector trained with feature_set='root'.")
+
+    def observe(self, outcome) -> None:
+        """Keeps q at the accepted path's end (the next root's parent) for the divergence features: the recorded
+        q when the tree expanded that node, else one draft forward on it before the drafter commits."""
+        super().observe(outcome)
+        if not self.needs_parent_q:
+            return
+        last, self._last, self._parent_q = getattr(self, "_last", None), None, None
+        if last is None or last[0] is not outcome.trees[0]:
+            return  # a draft-free step (no tree of ours): the next step goes without q at its parent
+        tree, source = last
+        node = int(outcome.accepted[0][-1])
+        if tree.q_index is not None and int(tree.q_index[node]) >= 0:
+            self._parent_q = tree.draft_q(node)
+        else:
+            self._parent_q = source.logprobs(tree, torch.tensor([node]))[0].exp()
+
+    def choose(self, context: StepContext, draft_probs: torch.Tensor,
+               draft_hidden: torch.Tensor | None = None) -> Action:
+        """The selector's action for this root (``draft_probs``: q(. | root); ``draft_hidden``: the drafter's state
+        there, for selectors that read it)."""
         device = next(self.selector.parameters()).device
-        scalars = context_features(context, draft_probs)[self._scalar_index].to(device)
+        parent_q = getattr(self, "_parent_q", None) if self.needs_parent_q else None
+        scalars = context_features(context, draft_probs, parent_q)[self._scalar_index].to(device)
         hidden = {}
         if self.needs_target_hidden:
             if context.target_hidden is None:
                 raise ValueError("this delay selector reads the target's hidden state at the root's parent, but the "
                                  "step context carries none.")
             hidden["target_hidden"] = context.target_hidden.detach().float().to(device)
+        if self.needs_draft_hidden:
+            if draft_hidden is None:
+                raise ValueError("this delay selector reads the drafter's hidden state at the root; pass it.")
+            hidden["draft_hidden"] = draft_hidden.detach().float().to(device)
         return self.selector.select(scalars, **hidden)
 
     def build(
@@ -371,6 +496,19 @@ class NDEPolicy(TreePolicy):
                              "root's parent: use it through generate(), or pass StepContext(target_probs=...) when "
                              "calling build by hand.")
         tree = DraftTree.root(root_token, regime=self.regime)
-        root_logprobs = source.logprobs(tree, torch.zeros(1, dtype=torch.long))
-        action = self.choose(context, root_logprobs[0].exp())
-        return grow_delayed(tree, _PrimedSource(source, root_logprobs), action, self.do_sample, generator)
+        draft_hidden = None
+        if self.needs_draft_hidden:
+            drafter = getattr(source, "drafter", None)
+            if drafter is None:
+                raise ValueError("this delay selector reads the drafter's hidden state: its draft source must expose "
+                                 "the drafter (`.drafter`), as generate's does.")
+            with capture_draft_hidden(drafter) as seen:
+                root_logprobs = source.logprobs(tree, torch.zeros(1, dtype=torch.long))
+            draft_hidden = seen[-1]
+        else:
+            root_logprobs = source.logprobs(tree, torch.zeros(1, dtype=torch.long))
+        root_q = root_logprobs[0].exp()
+        action = self.choose(context, root_q) if draft_hidden is None else self.choose(context, root_q, draft_hidden)
+        tree = grow_delayed(tree, _PrimedSource(source, root_logprobs), action, self.do_sample, generator)
+        self._last = (tree, source)
+        return tree

@@ -9,8 +9,9 @@ SpecInfer residual rows its `NodeTable` needs); this module holds the table they
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -20,7 +21,10 @@ class NodeTable:
     """What the branching probabilities at one expanded node need, restricted to that node's drafted children.
 
     ``residuals[j][c]``: p_j(x_c), the target after j SpecInfer rejections (p_0 = p, p_j = norm((p_{j-1} - q)+),
-    unchanged when that residual is empty, as in the verifiers); ``draft[c]``: q(x_c); ``argmax``: argmax of p.
+    unchanged when that residual is empty, as in the verifiers); ``draft[c]``: q(x_c); ``argmax``: argmax of p;
+    ``columns_for(k)``: per-child values a verifier whose solver depends on the number k >= 2 of drafted copies reads
+    (``Verifier.branching_columns`` over the node's full p and q; computed on first use and kept, since each costs a
+    few vocabulary-wide passes and most nodes only ever see one k).
     """
 
     tokens: list[int]
@@ -28,16 +32,27 @@ class NodeTable:
     draft: list[float]
     argmax: int
     column: dict[int, int] = field(default_factory=dict)
+    columns: dict[int, dict[str, list[float]]] = field(default_factory=dict)
+    column_fn: Callable[[int], dict[str, list[float]]] | None = None
 
     def __post_init__(self) -> None:
         self.column = {t: c for c, t in enumerate(self.tokens)}
 
+    def columns_for(self, k: int) -> dict[str, list[float]]:
+        if k not in self.columns:
+            if self.column_fn is None:
+                raise ValueError("this node table was built without the verifier's branching columns.")
+            self.columns[k] = self.column_fn(k)
+        return self.columns[k]
+
 
 def node_tables(
-    p: torch.Tensor, q: torch.Tensor, children: list[list[int]], depths: Sequence[int]
+    p: torch.Tensor, q: torch.Tensor, children: list[list[int]], depths: Sequence[int],
+    columns: Callable[[torch.Tensor, torch.Tensor, list[int], int], dict[str, list[float]]] | None = None,
 ) -> list[NodeTable]:
     """:class:`NodeTable` of each row (``p``, ``q`` ``[m, V]``; ``children[i]``: that node's distinct child tokens;
-    ``depths[i]``: residual rows it needs). The residual chain runs only over the rows that still need it."""
+    ``depths[i]``: residual rows it needs). The residual chain runs only over the rows that still need it.
+    ``columns(p_row, q_row, tokens, k)`` (a verifier's ``branching_columns``) backs ``NodeTable.columns_for``."""
     order = sorted(range(len(children)), key=lambda i: -depths[i])
     rows = torch.tensor(order, device=p.device)
     p, q = p[rows], q[rows]
@@ -59,4 +74,6 @@ def node_tables(
         c = len(children[i])
         tables[i] = NodeTable(tokens=list(children[i]), residuals=[row[:c] for row in residuals[r][: depths[i]]],
                               draft=draft[r][:c], argmax=argmax[r])
+        if columns is not None:
+            tables[i].column_fn = functools.partial(columns, p[r], q[r], list(children[i]))
     return tables

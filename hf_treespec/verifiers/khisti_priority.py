@@ -14,7 +14,7 @@ import torch
 
 from ..randomness import bernoulli
 from .base import VERIFIERS, residual, sample
-from .topdown import TopDownVerifier, accept_prob
+from .topdown import TopDownVerifier, accept_prob, single_draft_law
 
 
 def selection_distribution(p: torch.Tensor, q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -35,7 +35,32 @@ def selection_distribution(p: torch.Tensor, q: torch.Tensor, k: int) -> tuple[to
 
 @VERIFIERS.register("khisti_priority")
 class KhistiPriorityVerifier(TopDownVerifier):
-    """Select Z = the highest-priority draft, accept it with min(1, p(Z)/r(Z)), else y ~ norm((p - r)+)."""
+    """Select Z = the highest-priority draft, accept it with min(1, p(Z)/r(Z)), else y ~ norm((p - r)+).
+
+    Branching law (NDE data): Z is fixed by the multiset, so child c is entered with [c = Z] a_Z + (1 - a_Z) res(c).
+    """
+
+    has_branching_law = True
+    uses_branching_columns = True
+
+    def branching_rows(self, copies: int) -> int:
+        return 2  # p and norm((p - q)+), for the nodes with one draft
+
+    def branching_columns(self, p, q, tokens, k):
+        r, rank = selection_distribution(p, q, k)
+        index = torch.tensor(tokens, device=p.device)
+        return {"accept": accept_prob(p[index], r[index]).tolist(), "rank": rank[index].tolist(),
+                "rest": residual(p, r)[index].tolist()}
+
+    def branching(self, table, order):
+        if len(order) == 1:  # one draft: both solvers are single-draft speculative sampling (rho* = 1, r = q)
+            return single_draft_law(table, order[0])
+        columns = table.columns_for(len(order))
+        winner = min(set(order), key=lambda c: columns["rank"][c])
+        accept = columns["accept"][winner]
+        out = {c: (1.0 - accept) * columns["rest"][c] for c in order}
+        out[winner] += accept
+        return out
 
     def solve(self, p, q, tokens, counts, generator) -> int:
         r, rank = selection_distribution(p, q, int(counts.sum()))

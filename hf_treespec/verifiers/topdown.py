@@ -57,3 +57,9 @@ class TopDownVerifier(Verifier):
             node = int(kids[match[0]])
             path.append(node)
         return VerifyResult(accepted=torch.tensor(path, device=tree.device), next_token=token)
+
+
+def single_draft_law(table, c: int) -> dict[int, float]:
+    """Branching law with one drafted copy of child c: accept with min(1, p(c) / q(c)), else y ~ norm((p - q)+)."""
+    accept = min(1.0, table.residuals[0][c] / table.draft[c])
+    return {c: accept + (1.0 - accept) * table.residuals[1][c]}
