@@ -232,3 +232,93 @@ def test_c2t_data_chunks_resume_and_a_truncated_chunk_is_named_and_redone(target
     with pytest.raises(ValueError, match="different settings"):
         generate_c2t_data(target, drafter, prompts, C2TDataConfig(tree_topk=3, tree_depth=2, max_new_tokens=6,
                                                                   root_every=3), tmp_path, chunk_size=2)
+
+
+# ------------------------------------------------------------------------------------------------ ablation knobs
+def test_feature_subset_reads_only_its_columns(tmp_path):
+    """A classifier of a feature subset (the paper's Table 1) takes the full [.., 3] rows, reads only its columns
+    (canonical order whatever order the config names them in) and round-trips through save / load."""
+    model = C2TClassifier(C2TClassifierConfig(features=("depth", "joint_prob")))
+    assert model.config.features == ("joint_prob", "depth") and model.net[0].in_features == 2
+    model.fit_standardisation(torch.rand(50, 3) * torch.tensor([1.0, 5.0, 10.0]))
+    x = torch.rand(6, 3)
+    changed = x.clone()
+    changed[:, 1] += 7.0  # the entropy column, which this classifier does not read
+    assert torch.equal(model(x), model(changed))
+    changed[:, 2] += 1.0
+    assert not torch.allclose(model(x), model(changed))
+    model.save_pretrained(tmp_path / "pd")
+    loaded = C2TClassifier.from_pretrained(tmp_path / "pd")
+    assert loaded.config.features == ("joint_prob", "depth") and torch.allclose(loaded(x), model(x))
+    with pytest.raises(ValueError, match=r"\[\.\.\., 3\] rows"):
+        model(torch.rand(4, 2))
+
+
+@pytest.mark.parametrize("bad", [(), ("joint_prob", "joint_prob"), ("logit",)])
+def test_bad_feature_subsets(bad):
+    with pytest.raises(ValueError, match="non-empty subset"):
+        C2TClassifierConfig(features=bad)
+
+
+def test_default_classifier_reads_all_three_features():
+    """Defaults unchanged: all three features, and a shipped-style config (features listed) loads as before."""
+    assert C2TClassifierConfig().features == ("joint_prob", "parent_entropy", "depth")
+    assert C2TClassifier().net[0].in_features == 3
+
+
+class EntropyClassifier(C2TClassifier):
+    """Confidence = sigmoid(20 * (entropy - 0.5)): keeps a candidate iff its parent's entropy is above 0.5 nats."""
+
+    def __init__(self, entropy_top: int = 1000):
+        super().__init__(C2TClassifierConfig(hidden_size=1, features=("parent_entropy",), entropy_top=entropy_top))
+        with torch.no_grad():
+            self.net[0].weight.fill_(1.0)
+            self.net[0].bias.fill_(0.0)
+            self.net[2].weight.fill_(20.0)
+            self.net[2].bias.fill_(-10.0)
+
+
+def test_entropy_top_override():
+    """The root's distribution [.6, .25, .1, .05] has entropy 1.04 nats over all 4 tokens but 0.31 over its top 1:
+    the classifier's own top-N (1000) grows the first layer, c2t_entropy_top=1 prunes everything, and the default
+    (None) is the classifier's N."""
+    grown = POLICIES.get("c2t")(c2t_classifier=EntropyClassifier(), tree_topk=2, c2t_topk=0, tree_depth=1)
+    assert grown.build(Source(), 7, context=StepContext(7)).num_nodes == 3
+    cut = POLICIES.get("c2t")(c2t_classifier=EntropyClassifier(), tree_topk=2, c2t_topk=0, tree_depth=1,
+                              c2t_entropy_top=1)
+    assert cut.build(Source(), 7, context=StepContext(7)).num_nodes == 1
+    own = POLICIES.get("c2t")(c2t_classifier=EntropyClassifier(entropy_top=1), tree_topk=2, tree_depth=1)
+    assert own.build(Source(), 7, context=StepContext(7)).num_nodes == 1
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="c2t_entropy_top must be an int"):
+            POLICIES.get("c2t")(c2t_classifier=EntropyClassifier(), c2t_entropy_top=bad)
+
+
+def test_chain_mode_is_an_early_exit():
+    """tree_topk=1 (the paper's chain mode): a single path of draft argmaxes that stops at the first candidate the
+    classifier rejects (JointProbClassifier: depth 1 keeps p=.6, depth 2 needs p > .225: (0, 0) has .3, depth 3
+    needs > .35: (0, 0, 0) has .285)."""
+    policy = POLICIES.get("c2t")(c2t_classifier=JointProbClassifier(), tree_topk=1, tree_depth=5)
+    tree = policy.build(Source(), 7, context=StepContext(7))
+    assert tree.is_chain() and [path_of(tree, v) for v in range(1, tree.num_nodes)] == [(0,), (0, 0)]
+
+
+def test_train_c2t_cli_features(tmp_path):
+    """`hf-treespec train c2t --features` trains a subset classifier and records the subset in its summary."""
+    import json
+
+    from hf_treespec.cli import main
+    from hf_treespec.trainers.chunks import write_chunk
+
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = toy_nodes(600)
+    records = [{"features": f, "label": int(label), "rank": 0, "depth": int(f[2]), "expanded": 0, "prompt": i // 30,
+                "position": i % 30} for i, (f, label) in enumerate(zip(rows["features"], rows["label"]))]
+    (data / "c2t_data_config.json").write_text("{}")
+    write_chunk(data / "chunk-00000.jsonl", records, 0, 20)
+    out = tmp_path / "clf"
+    assert main(["train", "c2t", "--data", str(data), "--output-dir", str(out), "--features", "joint_prob,depth",
+                 "--num-train-epochs", "1", "--use-cpu", "True"]) == 0
+    assert C2TClassifier.from_pretrained(out).config.features == ("joint_prob", "depth")
+    assert json.loads((out / "training_summary.json").read_text())["features"] == ["joint_prob", "depth"]

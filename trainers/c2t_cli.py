@@ -92,6 +92,9 @@ class C2TRunArguments:
 
     data: str = field(metadata={"help": "c2t-data folder"})
     hidden_size: int = field(default=48, metadata={"help": "hidden width of the 2-layer classifier"})
+    features: str = field(default="joint_prob,parent_entropy,depth",
+                          metadata={"help": "comma list of the features the classifier reads (a subset of "
+                                            "joint_prob, parent_entropy, depth: the paper's feature ablation)"})
     eval_fraction: float = field(default=0.05, metadata={"help": "held-out share of the trees (by prompt)"})
     threads: int | None = field(default=None, metadata={"help": "torch.set_num_threads (default: torch's)"})
 
@@ -108,12 +111,14 @@ def run_c2t(args, threads) -> int:
     held = set(prompts[: int(round(args.eval_fraction * len(prompts)))])
     train = data.filter(lambda row: row["prompt"] not in held)
     evaluation = data.filter(lambda row: row["prompt"] in held) if held else None
-    model = C2TClassifier(C2TClassifierConfig(hidden_size=args.hidden_size))
+    features = tuple(f.strip() for f in args.features.split(",") if f.strip())
+    model = C2TClassifier(C2TClassifierConfig(hidden_size=args.hidden_size, features=features))
     training_args = config_from_args(C2TConfig, args)
     trainer = C2TTrainer(model, training_args, train_dataset=train, eval_dataset=evaluation)
     start = time.perf_counter()
     result = trainer.train()
-    summary = {"output_dir": args.output_dir, "train_nodes": len(train), "steps": result.global_step,
+    summary = {"output_dir": args.output_dir, "features": list(model.config.features), "train_nodes": len(train),
+               "steps": result.global_step,
                "train_loss": round(result.training_loss, 4), "seconds": round(time.perf_counter() - start, 1)}
     if evaluation is not None:
         summary.update(held_out_metrics(model, evaluation))

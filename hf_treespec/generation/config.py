@@ -33,6 +33,12 @@ KWARG_DOCS: dict[str, str] = {
     "C2TClassifier.save_pretrained, or a C2TClassifier; unset: the c2t/ folder that ships with the assistant model",
     "c2t_threshold": "beta in (0, 1): 'c2t' keeps and expands a candidate whose classifier confidence exceeds it",
     "c2t_topk": "second top-k of 'c2t': at most this many candidates kept per layer (by confidence); 0 = no cap",
+    "c2t_entropy_top": "N of the top-N entropy feature of 'c2t' (>= the vocabulary: the full entropy); unset: the "
+    "classifier's own (1000, as trained)",
+    "chain_min_prob": "'chain' early exit: stop drafting once the draft's top probability at the next position is "
+    "below it (0 = off; the C2T paper's DyMax)",
+    "chain_min_joint": "'chain' early exit: stop drafting once the chain's joint draft probability times the next "
+    "position's top probability is below it (0 = off; the C2T paper's DyJoint)",
 }
 
 

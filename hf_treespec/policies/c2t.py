@@ -10,6 +10,11 @@ deterministic (top-k by draft score), so greedy and NSS verification stay lossle
 
 The classifier is trained for one drafter / target pair (``hf-treespec train c2t-data`` then ``train c2t``) and ships
 beside the drafter in ``c2t/`` (like ``delay_selector/``); ``c2t_classifier`` overrides it.
+
+Ablation knobs of the paper's appendix: a classifier may read any non-empty subset of the three features
+(``C2TClassifierConfig.features``, Table 1); ``c2t_entropy_top`` replaces the classifier's top-N of the entropy at
+decoding time (Table 6; a value >= the vocabulary is the full entropy); ``c2t_topk=0`` drops the second pruning
+(Table 5); ``tree_topk=1`` is the paper's chain mode, where C2T is an early exit (Table 3).
 """
 
 from __future__ import annotations
@@ -54,7 +59,8 @@ def node_features(joint_logprob: torch.Tensor, parent_entropy: torch.Tensor, dep
 
 @dataclass
 class C2TClassifierConfig:
-    """Architecture of a :class:`C2TClassifier` (saved as ``config.json``)."""
+    """Architecture of a :class:`C2TClassifier` (saved as ``config.json``). ``features``: which of :data:`FEATURES`
+    the network reads (all three by default; a subset for the paper's feature ablation)."""
 
     hidden_size: int = 48
     entropy_top: int = 1000
@@ -64,8 +70,11 @@ class C2TClassifierConfig:
 
     def __post_init__(self) -> None:
         self.features = tuple(self.features)
-        if self.features != FEATURES:
-            raise ValueError(f"a C2T classifier reads the features {FEATURES}, got {self.features}.")
+        unknown = [f for f in self.features if f not in FEATURES]
+        if not self.features or unknown or len(set(self.features)) != len(self.features):
+            raise ValueError(f"features must be a non-empty subset of {FEATURES} without repeats, got "
+                             f"{self.features}.")
+        self.features = tuple(f for f in FEATURES if f in self.features)  # one canonical order
         if self.hidden_size < 1 or self.entropy_top < 1:
             raise ValueError("hidden_size and entropy_top must be >= 1.")
         if self.classifier_type != CLASSIFIER_TYPE:
@@ -73,7 +82,10 @@ class C2TClassifierConfig:
 
 
 class C2TClassifier(HelperModelMixin, nn.Module):
-    """Two-layer FFN (Linear -> ReLU -> Linear) over standardised features; ``confidence`` applies the sigmoid."""
+    """Two-layer FFN (Linear -> ReLU -> Linear) over standardised features; ``confidence`` applies the sigmoid.
+
+    Inputs are always the full ``[..., 3]`` rows of :func:`node_features`; the network reads the columns its config
+    names, so one data set trains every feature subset and the policy never changes."""
 
     config_class = C2TClassifierConfig
     type_field = "classifier_type"
@@ -84,15 +96,24 @@ class C2TClassifier(HelperModelMixin, nn.Module):
     def __init__(self, config: C2TClassifierConfig | None = None):
         super().__init__()
         self.config = config or C2TClassifierConfig()
-        width = len(FEATURES)
+        width = len(self.config.features)
+        self.register_buffer("columns", torch.tensor([FEATURES.index(f) for f in self.config.features]),
+                             persistent=False)
         self.register_buffer("feature_mean", torch.zeros(width))
         self.register_buffer("feature_std", torch.ones(width))
         self.net = nn.Sequential(nn.Linear(width, self.config.hidden_size), nn.ReLU(),
                                  nn.Linear(self.config.hidden_size, 1))
 
+    def select(self, features: torch.Tensor) -> torch.Tensor:
+        """The columns of ``[..., 3]`` features (:data:`FEATURES` order) this classifier reads."""
+        if features.shape[-1] != len(FEATURES):
+            raise ValueError(f"C2T features are [..., {len(FEATURES)}] rows {FEATURES}, got shape "
+                             f"{tuple(features.shape)}.")
+        return features.float().index_select(-1, self.columns.to(features.device))
+
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         """``[..., 3]`` features -> ``[...]`` logits."""
-        return self.net((features.float() - self.feature_mean) / self.feature_std).squeeze(-1)
+        return self.net((self.select(features) - self.feature_mean) / self.feature_std).squeeze(-1)
 
     @torch.no_grad()
     def confidence(self, features: torch.Tensor) -> torch.Tensor:
@@ -100,8 +121,10 @@ class C2TClassifier(HelperModelMixin, nn.Module):
 
     @torch.no_grad()
     def fit_standardisation(self, features: torch.Tensor, min_std: float = 1e-3) -> None:
-        self.feature_mean.copy_(features.float().mean(0))
-        self.feature_std.copy_(features.float().std(0).clamp(min=min_std))
+        """Mean / std of the read columns of ``[n, 3]`` training features."""
+        features = self.select(features)
+        self.feature_mean.copy_(features.mean(0))
+        self.feature_std.copy_(features.std(0).clamp(min=min_std))
         self.config.standardised = True
 
 
@@ -113,7 +136,7 @@ def load_classifier(classifier: Any) -> C2TClassifier:
 @POLICIES.register("c2t")
 class C2TPolicy(TreePolicy):
     defaults: ClassVar[dict[str, Any]] = {"c2t_classifier": None, "c2t_threshold": 0.5, "c2t_topk": 15,
-                                          "tree_topk": 10, "tree_depth": 7}
+                                          "c2t_entropy_top": None, "tree_topk": 10, "tree_depth": 7}
 
     @classmethod
     def defaults_from_drafter(cls, drafter: "Drafter") -> dict[str, Any]:
@@ -127,6 +150,9 @@ class C2TPolicy(TreePolicy):
             raise ValueError(f"c2t_threshold must be in (0, 1) (a classifier confidence), got {beta}.")
         if int(self.params["c2t_topk"]) < 0:
             raise ValueError(f"c2t_topk must be >= 0 (0 = no per-layer cap), got {self.params['c2t_topk']}.")
+        top = self.params["c2t_entropy_top"]
+        if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 1):
+            raise ValueError(f"c2t_entropy_top must be an int >= 1 (None = the classifier's entropy_top), got {top!r}.")
         if self.params["c2t_classifier"] is None:
             raise ValueError(
                 "tree_policy='c2t' needs a trained confidence classifier: pass c2t_classifier=..., or use an assistant "
@@ -139,12 +165,13 @@ class C2TPolicy(TreePolicy):
         k, depth = int(self.params["tree_topk"]), int(self.params["tree_depth"])
         beta, cap = float(self.params["c2t_threshold"]), int(self.params["c2t_topk"])
         classifier = self.classifier.to(device)
+        entropy_top = self.params["c2t_entropy_top"] or classifier.config.entropy_top
         tree = DraftTree.root(root_token, device=device)
         frontier = torch.zeros(1, dtype=torch.long, device=device)
         for level in range(depth):
             logq = source.logprobs(tree, frontier)
             # entropy and the first top-k on the draft's device; only these [F, k] rows travel to the host tree
-            entropy = top_entropy(logq, classifier.config.entropy_top).cpu()
+            entropy = top_entropy(logq, entropy_top).cpu()
             vals, toks = to_host(*logq.topk(min(k, logq.shape[-1]), dim=-1))  # only these are scored
             joint = tree.scores[frontier][:, None] + vals
             feats = node_features(joint, entropy[:, None].expand_as(joint),
