@@ -14,6 +14,7 @@ import hf_treespec
 from hf_treespec.benchmark import BenchmarkConfig, available_methods, run_benchmark, write_report
 from hf_treespec.benchmark.methods import TreeMethod, build_method, parse_override, parse_sweep, parse_value
 from hf_treespec.benchmark.runner import DRAFTER_FACTORIES, divergence, load_drafter, plan_methods
+from hf_treespec.benchmark.results import reached_depth
 from hf_treespec.cli import bench_config, build_parser, main
 
 from conftest import VOCAB, tiny_llama
@@ -97,6 +98,16 @@ def test_runner_writes_report_and_greedy_tree_methods_match_plain(tiny, question
     assert all(r["new_tokens"] == len(r["tokens"]) for r in rows)
     plain_rows = [r for r in rows if r["method"] == "plain"]
     assert all(r["target_forwards"] == r["new_tokens"] for r in plain_rows)  # prefill + one forward per token
+    for r in rows:  # tree rows: one committed length per verified step; the prefill commits the first token
+        if r["method"] in TREE_METHODS:
+            assert sum(r["accepted_lengths"]) + 1 == r["new_tokens"]
+            assert len(r["accepted_lengths"]) + 1 == r["target_forwards"]
+    for name in TREE_METHODS:
+        lengths = [n for r in rows if r["method"] == name for n in r["accepted_lengths"]]
+        reached = summaries[name].reached_depth
+        assert reached[0] == round(sum(n >= 2 for n in lengths) / len(lengths), 4)
+        assert len(reached) == max(lengths) - 1 and reached == sorted(reached, reverse=True)
+    assert summaries["plain"].reached_depth is None
     table = (out / "table.md").read_text()
     assert "| plain | " in table and "| 1.00x |" in table and "| tree:salf |" in table
     assert (out / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -142,6 +153,12 @@ def test_divergence_is_recorded_with_plain_logit_gaps(tiny, questions_file):
         assert r.tokens[:p] == plain[r.question_id].tokens[:p]
         assert d["plain_token"] == plain[r.question_id].tokens[p] != d["method_token"] == r.tokens[p]
         assert d["top2_gap"] >= 0 and d["chosen_gap"] >= d["top2_gap"] - 1e-5
+
+
+def test_reached_depth_by_hand():
+    # committed lengths 1, 3, 2, 3: drafts accepted 0, 2, 1, 2
+    assert reached_depth([1, 3, 2, 3]) == [0.75, 0.5]
+    assert reached_depth([1, 1]) == [] and reached_depth([]) is None
 
 
 def test_divergence_helper():

@@ -10,6 +10,7 @@
     hf-treespec train talf     --data runs/data/train --init runs/eagle --output-dir runs/talf
     hf-treespec train ttt      --data runs/data/train-e3 --output-dir runs/ttt   # EAGLE-3 TTT (+ TALF trees)
     hf-treespec train evaluate --data runs/data/dev --drafter runs/talf                        # acceptance per depth
+    hf-treespec train calibration --num-conversations 20 --output runs/calibration   # rank-conditioned accuracy
     hf-treespec train gto      --data runs/data/train --output-dir runs/gto     # GTO from the shipped drafter
     hf-treespec train nde-data --split train --num-prompts 50 --drafter truncated:6 --temperature 1.0 \
         --output runs/nde/data-t1                                                           # NDE selector data
@@ -90,6 +91,13 @@ def _add_evaluate(commands) -> None:
     from .train_cli import add_evaluate_parser
 
     add_evaluate_parser(commands)
+
+
+@subcommand("calibration")
+def _add_calibration(commands) -> None:
+    from .calibration_cli import add_calibration_parser
+
+    add_calibration_parser(commands)
 
 
 @subcommand("nde-data")

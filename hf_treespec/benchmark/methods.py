@@ -49,6 +49,7 @@ class RunOutput:
     verify_seconds: float | None = None
     draft_forwards: int | None = None
     tree_sizes: list[int] | None = None
+    accepted_lengths: list[int] | None = None  # tokens committed per verified step (accepted drafts + 1)
 
 
 class BenchMethod:
@@ -219,6 +220,7 @@ class TreeMethod(BenchMethod):
             verify_seconds=out.verify_seconds,
             draft_forwards=out.draft_forwards,
             tree_sizes=list(out.tree_sizes or []),
+            accepted_lengths=list(out.accepted_lengths or []),
         )
 
 

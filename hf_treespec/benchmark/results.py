@@ -32,6 +32,7 @@ class QuestionResult:
     draft_forwards: int | None = None
     mean_tree_size: float | None = None
     drafted_share: float | None = None  # steps that verified a draft tree / all steps (auto may skip drafting)
+    accepted_lengths: list[int] | None = None  # tokens committed per verified step (accepted drafts + 1)
     identical: bool | None = None
     divergence: dict[str, Any] | None = None
     tokens: list[int] = field(default_factory=list)
@@ -59,6 +60,8 @@ class MethodSummary:
     identical: int | None
     compared: int | None
     divergences: list[dict[str, Any]]
+    #: entry d - 1: share of the verified steps (all questions) that accepted at least d draft tokens
+    reached_depth: list[float] | None = None
 
 
 @dataclass
@@ -110,4 +113,15 @@ class BenchmarkResult:
             identical=sum(r.identical for r in compared) if compared else None,
             compared=len(compared) if compared else None,
             divergences=[{"question_id": r.question_id, **r.divergence} for r in rows if r.divergence],
+            reached_depth=reached_depth([n for r in rows for n in r.accepted_lengths or []]),
         )
+
+
+def reached_depth(accepted_lengths: list[int]) -> list[float] | None:
+    """Entry d - 1: share of steps that accepted at least d draft tokens (a step commits its accepted drafts plus
+    one token of the target's), for d = 1 .. the deepest accepted; None without steps. Entry d over entry d - 1 is
+    the acceptance at depth d given depth d - 1 was accepted (the delayed-expansion paper's Figure 1)."""
+    if not accepted_lengths:
+        return None
+    drafts = [max(n - 1, 0) for n in accepted_lengths]
+    return [round(sum(k >= d for k in drafts) / len(drafts), 4) for d in range(1, max(drafts) + 1)]

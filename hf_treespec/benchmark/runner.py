@@ -353,6 +353,7 @@ def _records(config, methods, questions, prompts, runs, model, tokenizer, gen_kw
                 mean_tree_size=statistics.fmean(output.tree_sizes) if output.tree_sizes else None,
                 drafted_share=(sum(s > 0 for s in output.tree_sizes) / len(output.tree_sizes)
                                if output.tree_sizes else None),
+                accepted_lengths=output.accepted_lengths,
                 tokens=tokens.tolist(),
                 text=tokenizer.decode(tokens, skip_special_tokens=True),
             )
