@@ -24,6 +24,7 @@ from typing import Any, Sequence
 import torch
 from transformers import DynamicCache, GenerationConfig, Trainer, TrainingArguments
 
+from hf_treespec.cli_options import option
 from hf_treespec.cache import keep_rows
 from hf_treespec.compat import CACHE_KWARG
 from hf_treespec.drafters.base import TargetFeatures, as_drafter
@@ -48,11 +49,11 @@ class C2TDataConfig:
     """Settings of ``c2t-data``: the EAGLE-2 tree (the paper's: top-k 10, depth 11, no rerank) and where roots are
     taken."""
 
-    tree_topk: int = 10
-    tree_depth: int = 11
-    max_new_tokens: int = 64
-    root_every: int = 16
-    entropy_top: int = 1000
+    tree_topk: int = field(default=10, metadata=option("children per expanded node (the paper's 10)"))
+    tree_depth: int = field(default=11, metadata=option("the C2T paper's training trees are 11 deep"))
+    max_new_tokens: int = field(default=64, metadata=option("greedy trajectory length per prompt"))
+    root_every: int = field(default=16, metadata=option("a tree root every N generated tokens"))
+    entropy_top: int = field(default=1000, metadata=option("the parent entropy feature is over this many top tokens"))
 
     def __post_init__(self) -> None:
         if min(self.tree_topk, self.tree_depth, self.max_new_tokens, self.root_every, self.entropy_top) < 1:

@@ -8,25 +8,48 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hf_treespec.cli_options import add_options, build_config, comma_list, option
 from hf_treespec.hardware import AUTO_DTYPE, AUTO_DTYPE_HELP, DTYPE_CHOICES, DTYPES, resolve_dtype_name
 
 
-def add_c2t_commands(commands, common, threads) -> None:
+@dataclass
+class C2TDataArguments:
+    """What ``hf-treespec train c2t-data`` needs besides :class:`~.c2t.C2TDataConfig`."""
+
+    drafter: str = field(default="default", metadata=option(
+        "default (the shipped drafter), truncated:K, or a folder"))
+    skip: int = field(default=0, metadata=option("skip the first N train prompts"))
+    num_prompts: int = field(default=150, metadata=option("prompts to use"))
+    max_prompt_length: int = field(default=768, metadata=option("skip prompts longer than this (tokens)"))
+    dtype: str = field(default=AUTO_DTYPE, metadata=option(
+        f"target / drafter dtype; {AUTO_DTYPE_HELP}", choices=DTYPE_CHOICES))
+    chunk_size: int = field(default=10, metadata=option("prompts per resumable chunk file"))
+    output: str = field(default="runs/c2t/data", metadata=option(
+        "output folder (rerun the same command to resume)"))
+
+
+@dataclass
+class StaticShapeArguments:
+    """``hf-treespec train static-shape``: Sequoia's shape from c2t-data's per-rank acceptance."""
+
+    data: str = field(metadata=option("c2t-data folder"))
+    budget: list[int] = field(default_factory=lambda: [60], metadata=option(
+        "node budgets, comma-separated (several: pick by cost)", parse=comma_list(int)))
+    depth: int | None = field(default=None, metadata=option("maximum depth"))
+    cost: str | None = field(default=None, metadata=option(
+        "verification cost curve 'nodes:seconds,...' (+ --draft-seconds per level); with several budgets the shape "
+        "of most tokens per second is chosen"))
+    draft_seconds: float = field(default=0.0, metadata=option("seconds of one draft forward (per level)"))
+
+
+def add_c2t_commands(commands, threads) -> None:
+    from .c2t import C2TDataConfig
+    from .cli_common import TargetArguments
+
     p = commands.add_parser("c2t-data", help="full EAGLE-2 trees on ShareGPT train prompts, nodes labelled by the "
                                              "target's greedy acceptance (C2T classifier data)",
                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    common(p)
-    p.add_argument("--drafter", default="default", help="default (the shipped drafter), truncated:K, or a folder")
-    p.add_argument("--skip", type=int, default=0, help="skip the first N train prompts")
-    p.add_argument("--num-prompts", type=int, default=150)
-    p.add_argument("--max-prompt-length", type=int, default=768, help="skip prompts longer than this (tokens)")
-    p.add_argument("--dtype", default=AUTO_DTYPE, choices=DTYPE_CHOICES, help=f"target / drafter dtype; {AUTO_DTYPE_HELP}")
-    p.add_argument("--tree-topk", type=int, default=10)
-    p.add_argument("--tree-depth", type=int, default=11, help="the C2T paper's training trees are 11 deep")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="greedy trajectory length per prompt")
-    p.add_argument("--root-every", type=int, default=16, help="a tree root every N generated tokens")
-    p.add_argument("--chunk-size", type=int, default=10, help="prompts per resumable chunk file")
-    p.add_argument("--output", default="runs/c2t/data", help="output folder (rerun the same command to resume)")
+    add_options(p, TargetArguments, C2TDataArguments, C2TDataConfig)
     p.set_defaults(handler=lambda args: run_c2t_data(args, threads))
 
     from .c2t import C2TConfig
@@ -40,13 +63,7 @@ def add_c2t_commands(commands, common, threads) -> None:
     p = commands.add_parser("static-shape", help="Sequoia's optimal static tree (tree_shape=) from the per-rank "
                                                  "acceptance measured in c2t-data",
                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--data", required=True, help="c2t-data folder")
-    p.add_argument("--budget", type=int, nargs="+", default=[60], help="node budgets (several: pick by cost)")
-    p.add_argument("--depth", type=int, default=None, help="maximum depth")
-    p.add_argument("--cost", default=None,
-                   help="verification cost curve 'nodes:seconds,...' (+ --draft-seconds per level); with several "
-                        "budgets the shape of most tokens per second is chosen")
-    p.add_argument("--draft-seconds", type=float, default=0.0, help="seconds of one draft forward (per level)")
+    add_options(p, StaticShapeArguments)
     p.set_defaults(handler=run_static_shape)
 
 
@@ -70,8 +87,7 @@ def run_c2t_data(args, threads) -> int:
     dtype = DTYPES[args.dtype]
     model, tokenizer = load_target(args.target, dtype=dtype)
     drafter = load_drafter(args.drafter, model, args.dtype, args.target)
-    config = C2TDataConfig(tree_topk=args.tree_topk, tree_depth=args.tree_depth, max_new_tokens=args.max_new_tokens,
-                           root_every=args.root_every)
+    config = build_config(C2TDataConfig, args)
     start = time.perf_counter()
     prompts = _prompts(args, tokenizer)
     settings = {"target": args.target, "drafter": args.drafter, "dtype": args.dtype, "skip": args.skip,

@@ -9,30 +9,41 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .cli_common import add_common_options, set_threads
+from hf_treespec.cli_options import add_options, none_or, option
+
+from .cli_common import TargetArguments, set_threads
+
+
+@dataclass
+class CalibrationArguments:
+    """``hf-treespec train calibration``: which drafter, on which held-out roots, binned how."""
+
+    output: str = field(metadata=option("folder for calibration.json and calibration.png"))
+    drafter: str = field(default="default", metadata=option(
+        "'default' (the drafter shipped for --target) or a TreeSpecDrafterModel folder"))
+    split: str = field(default="dev", metadata=option("ShareGPT split of the held-out conversations",
+                                                      choices=("train", "dev")))
+    num_conversations: int = field(default=20, metadata=option("conversations to use"))
+    roots_per_conversation: int = field(default=16, metadata=option(
+        "root positions drawn (seeded) among each conversation's assistant tokens"))
+    max_length: int = field(default=512, metadata=option("tokens kept per conversation"))
+    ranks: int = field(default=5, metadata=option("candidate ranks n = 1..RANKS to condition on"))
+    bins: int = field(default=10, metadata=option("equal-width confidence bins of the ECE"))
+    tree_policy: str | None = field(default="salf", metadata=option(
+        "policy whose trees give the rank mix ('none': skip)", parse=none_or(str)))
+    tree_budget: int = field(default=60, metadata=option("its tree_budget (the paper's N=60)"))
+    seed: int = field(default=0, metadata=option("draws of the roots"))
 
 
 def add_calibration_parser(commands) -> None:
     p = commands.add_parser("calibration", help="rank-conditioned top-1 accuracy, ECE and reliability of a drafter, "
                                                 "and the rank mix of its trees (SALF & TALF paper, Figure 2)",
                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_common_options(p)
-    p.add_argument("--drafter", default="default", help="'default' (the drafter shipped for --target) or a "
-                                                         "TreeSpecDrafterModel folder")
-    p.add_argument("--split", default="dev", help="ShareGPT split of the held-out conversations")
-    p.add_argument("--num-conversations", type=int, default=20)
-    p.add_argument("--roots-per-conversation", type=int, default=16,
-                   help="root positions drawn (seeded) among each conversation's assistant tokens")
-    p.add_argument("--max-length", type=int, default=512, help="tokens kept per conversation")
-    p.add_argument("--ranks", type=int, default=5, help="candidate ranks n = 1..RANKS to condition on")
-    p.add_argument("--bins", type=int, default=10, help="equal-width confidence bins of the ECE")
-    p.add_argument("--tree-policy", default="salf", help="policy whose trees give the rank mix ('none': skip)")
-    p.add_argument("--tree-budget", type=int, default=60, help="its tree_budget (the paper's N=60)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--output", required=True, help="folder for calibration.json and calibration.png")
+    add_options(p, TargetArguments, CalibrationArguments)
     p.set_defaults(handler=run_calibration)
 
 
@@ -55,7 +66,7 @@ def run_calibration(args: argparse.Namespace) -> int:
         drafter = default_drafter(target, dtype=torch.float32)
     else:
         drafter = TreeSpecDrafterModel.from_pretrained(args.drafter, dtype=torch.float32).tie_to_target(target).eval()
-    policy = None if args.tree_policy == "none" else POLICIES.get(args.tree_policy)(tree_budget=args.tree_budget)
+    policy = None if args.tree_policy is None else POLICIES.get(args.tree_policy)(tree_budget=args.tree_budget)
     generator = torch.Generator().manual_seed(args.seed)
     parts, used = [], 0
     start = time.perf_counter()

@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 from hf_treespec.cli_options import add_options, option
 
-from .cli_common import ConfigParser, add_common_options, config_from_args, set_threads  # noqa: F401  (re-exported)
+from .cli_common import ConfigParser, config_from_args, set_threads  # noqa: F401  (re-exported)
 from .regenerate import add_regenerate_parser
 
 
@@ -168,4 +168,4 @@ def _add_gto(commands) -> None:
 def _add_c2t(commands) -> None:
     from .c2t_cli import add_c2t_commands  # c2t-data, c2t and static-shape
 
-    add_c2t_commands(commands, add_common_options, set_threads)
+    add_c2t_commands(commands, set_threads)

@@ -158,8 +158,3 @@ class TargetArguments:
 def add_common_options(parser: argparse.ArgumentParser) -> None:
     """``--target``, ``--threads`` and ``--no-progress``: the options every non-Trainer command takes."""
     add_options(parser, TargetArguments)
-
-
-def int_list(text: str) -> list[int]:
-    """A comma list of whole numbers (``1,14,26``)."""
-    return [int(x) for x in text.split(",") if x.strip()]

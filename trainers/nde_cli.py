@@ -11,49 +11,49 @@ from pathlib import Path
 
 from hf_treespec.hardware import AUTO_DTYPE, AUTO_DTYPE_HELP, DTYPE_CHOICES, DTYPES, resolve_dtype_name
 
+from hf_treespec.cli_options import add_options, build_config, comma_list, option
+
 from .cli_common import (
-    add_common_options, add_config_command, add_short_flags, config_from_args, int_list, resume_field, resume_from,
+    TargetArguments, add_config_command, add_short_flags, config_from_args, resume_field, resume_from,
     run_overrides, save_final, set_threads,
 )
 
 
 # ------------------------------------------------------------------------------------------------------- NDE
+@dataclass
+class NDEDataArguments:
+    """What ``hf-treespec train nde-data`` needs besides :class:`~.nde_data.NDEDataConfig`."""
+
+    drafter: str = field(metadata=option(
+        "truncated:K (target's first K layers), a feature drafter folder or a causal-LM checkpoint"))
+    split: str = field(default="train", metadata=option(
+        "ShareGPT split (first user turns)", choices=("train", "dev"), group="source"))
+    questions: str | None = field(default=None, metadata=option(
+        "an MT-bench / Spec-Bench style question.jsonl instead", group="source"))
+    skip: int = field(default=0, metadata=option("skip the first N prompts of the source"))
+    num_prompts: int = field(default=50, metadata=option("prompts to use"))
+    max_prompt_length: int = field(default=1536, metadata=option("skip prompts longer than this (tokens)"))
+    output: str | None = field(default=None, metadata=option(
+        "output folder (default: runs/nde/data-<split>-T<temperature>)"))
+    dtype: str = field(default=AUTO_DTYPE, metadata=option(
+        f"target / drafter dtype; {AUTO_DTYPE_HELP}", choices=DTYPE_CHOICES))
+    verifier: list[str] | None = field(default=None, metadata=option(
+        "top-down verifier(s) to estimate for, comma-separated (default: specinfer when sampling, greedy at "
+        "temperature 0); specinfer, spectr, khisti_priority, naivetree, nss. Several share the trajectories, trees "
+        "and target forwards; the first is the folder's own", parse=comma_list(str)))
+    latency_repeats: int = field(default=3, metadata=option("repeats per microbenchmark point"))
+    latency_contexts: list[int] = field(default_factory=lambda: [64, 256, 768], metadata=option(
+        "context lengths benchmarked", parse=comma_list(int)))
+    step_overhead: float = field(default=0.0, metadata=option(
+        "seconds per step outside the forwards (verification, bookkeeping) added to every action"))
+
+
 def add_nde_data_parser(commands) -> None:
+    from .nde_data import NDEDataConfig
+
     p = commands.add_parser("nde-data", help="offline block-efficiency / step-time estimates per (k, l1, l2) action "
                                              "for the NDE delay selector", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_common_options(p)
-    source = p.add_mutually_exclusive_group()
-    source.add_argument("--split", default="train", choices=["train", "dev"], help="ShareGPT split (first user turns)")
-    source.add_argument("--questions", default=None, help="an MT-bench / Spec-Bench style question.jsonl instead")
-    p.add_argument("--skip", type=int, default=0, help="skip the first N prompts of the source")
-    p.add_argument("--num-prompts", type=int, default=50)
-    p.add_argument("--max-prompt-length", type=int, default=1536, help="skip prompts longer than this (tokens)")
-    p.add_argument("--drafter", required=True,
-                   help="truncated:K (target's first K layers), a feature drafter folder or a causal-LM checkpoint")
-    p.add_argument("--output", default=None, help="output folder (default: runs/nde/data-<split>-T<temperature>)")
-    p.add_argument("--dtype", default=AUTO_DTYPE, choices=DTYPE_CHOICES,
-                   help=f"target / drafter dtype; {AUTO_DTYPE_HELP}")
-    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (verifier greedy)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=None, help="default off")
-    p.add_argument("--verifier", default=None, help="top-down verifier(s) to estimate for, comma-separated (default: "
-                                                    "specinfer when sampling, greedy at temperature 0); specinfer, "
-                                                    "spectr, khisti_priority, naivetree, nss. Several share the trajectories, "
-                                                    "trees and target forwards; the first is the folder's own")
-    p.add_argument("--max-new-tokens", type=int, default=256, help="trajectory length per prompt")
-    p.add_argument("--root-every", type=int, default=16, help="a root every N generated tokens")
-    p.add_argument("--num-samples", type=int, default=8, help="delayed trees per root (drafting-noise average)")
-    p.add_argument("--trees-per-forward", type=int, default=4, help="samples merged into one target forward")
-    # trees of at most 3 + 4 x 4 = 19 drafts: on CPU a target forward grows with the tree
-    p.add_argument("--paths", type=int_list, default=[1, 2, 4], help="k values")
-    p.add_argument("--trunks", type=int_list, default=[0, 1, 2, 3], help="l1 values")
-    p.add_argument("--branches", type=int_list, default=[1, 2, 3, 4], help="l2 values")
-    p.add_argument("--chunk-size", type=int, default=5, help="prompts per resumable chunk")
-    p.add_argument("--latency-repeats", type=int, default=3, help="repeats per microbenchmark point")
-    p.add_argument("--latency-contexts", type=int_list, default=[64, 256, 768], help="context lengths benchmarked")
-    p.add_argument("--step-overhead", type=float, default=0.0,
-                   help="seconds per step outside the forwards (verification, bookkeeping) added to every action")
-    p.add_argument("--seed", type=int, default=0)
+    add_options(p, TargetArguments, NDEDataArguments, NDEDataConfig)
     p.set_defaults(handler=run_nde_data)
 
 
@@ -76,15 +76,9 @@ def run_nde_data(args: argparse.Namespace) -> int:
     from .nde_data import NDEDataConfig, generate_nde_data, load_nde_data
 
     set_threads(args)
-    verifiers = [v.strip() for v in (args.verifier or ("greedy" if args.temperature == 0 else "specinfer")).split(",")
-                 if v.strip()]
-    config = NDEDataConfig(
-        paths=args.paths, trunks=args.trunks, branches=args.branches, verifier=verifiers[0],
-        extra_verifiers=verifiers[1:],
-        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_new_tokens=args.max_new_tokens,
-        root_every=args.root_every, num_samples=args.num_samples, trees_per_forward=args.trees_per_forward,
-        chunk_size=args.chunk_size, seed=args.seed, target=args.target, drafter=args.drafter,
-    )
+    verifiers = args.verifier or ["greedy" if args.temperature == 0 else "specinfer"]
+    config = build_config(NDEDataConfig, args, verifier=verifiers[0], extra_verifiers=verifiers[1:],
+                          target=args.target, drafter=args.drafter)
     tag = "questions" if args.questions else args.split
     output = Path(args.output or f"runs/nde/data-{tag}-T{args.temperature:g}")
     dtype = resolve_dtype_name(args.dtype)

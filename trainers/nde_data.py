@@ -47,6 +47,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList
 
+from hf_treespec.cli_options import comma_list, option
 from hf_treespec.cache import TreeKV, keep_rows
 from hf_treespec.compat import CACHE_KWARG
 from hf_treespec.drafters.base import Drafter, TargetFeatures, as_drafter
@@ -98,22 +99,25 @@ class NDEDataConfig:
         seed: trajectories and tree draws.
     """
 
-    paths: list[int] = field(default_factory=lambda: [1, 2, 4])
-    trunks: list[int] = field(default_factory=lambda: [0, 1, 2, 3])
-    branches: list[int] = field(default_factory=lambda: [1, 2, 3, 4])
-    verifier: str = "specinfer"
-    extra_verifiers: list[str] = field(default_factory=list)
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int | None = None
-    max_new_tokens: int = 256
-    root_every: int = 16
-    num_samples: int = 8
-    trees_per_forward: int = 4
-    chunk_size: int = 5
-    seed: int = 0
-    target: str = ""
-    drafter: str = ""
+    paths: list[int] = field(default_factory=lambda: [1, 2, 4], metadata=option("k values", parse=comma_list(int)))
+    trunks: list[int] = field(default_factory=lambda: [0, 1, 2, 3], metadata=option(
+        "l1 values", parse=comma_list(int)))
+    branches: list[int] = field(default_factory=lambda: [1, 2, 3, 4], metadata=option(
+        "l2 values", parse=comma_list(int)))
+    verifier: str = field(default="specinfer", metadata=option("set by the command's --verifier", hidden=True))
+    extra_verifiers: list[str] = field(default_factory=list, metadata=option(
+        "set by the command's --verifier", hidden=True))
+    temperature: float = field(default=1.0, metadata=option("0 = greedy (verifier greedy)"))
+    top_p: float = field(default=1.0, metadata=option("nucleus sampling of p and q"))
+    top_k: int | None = field(default=None, metadata=option("top-k sampling of p and q; default off"))
+    max_new_tokens: int = field(default=256, metadata=option("trajectory length per prompt"))
+    root_every: int = field(default=16, metadata=option("a root every N generated tokens"))
+    num_samples: int = field(default=8, metadata=option("delayed trees per root (drafting-noise average)"))
+    trees_per_forward: int = field(default=4, metadata=option("samples merged into one target forward"))
+    chunk_size: int = field(default=5, metadata=option("prompts per resumable chunk"))
+    seed: int = field(default=0, metadata=option("trajectories and tree draws"))
+    target: str = field(default="", metadata=option("recorded", hidden=True))
+    drafter: str = field(default="", metadata=option("recorded", hidden=True))
 
     def __post_init__(self) -> None:
         self.extra_verifiers = [v for v in dict.fromkeys(self.extra_verifiers) if v != self.verifier]
