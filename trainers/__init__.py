@@ -18,7 +18,8 @@ from .gto import GTOCollator, GTOConfig, GTOTrainer
 from .losses import TargetHead
 from .nde import NDECollator, NDEConfig, NDETrainer, build_selector, throughput_objective
 from .latency import LatencyModel, measure_latency
-from .nde_data import NDEData, NDEDataConfig, generate_nde_data, load_nde_data
+from .nde_data import NDEDataConfig
+from .nde_dataset import NDEData, generate_nde_data, load_nde_data
 from .target_trees import TargetTree, TreeRoot, grow_target_trees
 from .trainer import (
     DrafterTrainer,

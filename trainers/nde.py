@@ -36,7 +36,7 @@ from hf_treespec.policies.nde import (
 )
 
 from .metrics import MetricsMixin
-from .nde_data import NDEData
+from .nde_dataset import NDEData
 from .small_model import SmallModelTrainerMixin
 from .trainer import pin_memory_field
 

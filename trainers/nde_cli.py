@@ -73,7 +73,8 @@ def run_nde_data(args: argparse.Namespace) -> int:
     from hf_treespec.drafters import TreeSpecDrafterModel
 
     from .latency import measure_latency
-    from .nde_data import NDEDataConfig, generate_nde_data, load_nde_data
+    from .nde_data import NDEDataConfig
+    from .nde_dataset import generate_nde_data, load_nde_data
 
     set_threads(args)
     verifiers = args.verifier or ["greedy" if args.temperature == 0 else "specinfer"]
@@ -142,7 +143,7 @@ def add_nde_parser(commands) -> None:
 
 def run_nde(args: argparse.Namespace) -> int:
     from .nde import NDEConfig, NDETrainer, build_selector
-    from .nde_data import load_nde_data
+    from .nde_dataset import load_nde_data
 
     set_threads(args)
     data = load_nde_data(args.data, args.verifier)

@@ -33,7 +33,7 @@ def shipped_drafter_path(target: str = "smollm2-135m-instruct") -> Path:
 def shipped_delay_selector_path(target: str = "smollm2-135m-instruct") -> Path:
     """Folder of the NDE delay selector trained for the drafter shipped for ``target`` (inside that drafter's folder,
     which is where ``tree_policy="nde"`` looks when no ``tree_selector`` is given)."""
-    from ..policies.nde import SELECTOR_SUBFOLDER
+    from ..policies.nde_selector import SELECTOR_SUBFOLDER
 
     folder = shipped_drafter_path(target) / SELECTOR_SUBFOLDER
     if not (folder / "config.json").is_file():
