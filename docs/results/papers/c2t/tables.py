@@ -1,8 +1,9 @@
 """Builds the C2T ablation tables (tables.md, results.json) from `hf-treespec bench` output folders.
 
-Every row is restricted to the questions all folders share, so rows from different runs compare on the same
-prompts (greedy fp32 decoding is deterministic, so a method's per-question numbers do not depend on its run).
-Usage: python tables.py OUT_DIR BENCH_DIR [BENCH_DIR ...]
+Within a table every row is restricted to the questions all its rows ran, so rows from different runs compare on
+the same prompts (greedy fp32 decoding is deterministic, so a method's per-question numbers do not depend on its run).
+Usage: python tables.py OUT_DIR TABLES BENCH_DIR [BENCH_DIR ...]  (TABLES: e.g. 1,3; a folder without
+per_question.jsonl: its q*/ subfolders). Runs of different lengths must not share an invocation.
 """
 
 from __future__ import annotations
@@ -14,18 +15,18 @@ from pathlib import Path
 CLF = "runs/c2t/clf/"
 
 
-def load(folders: list[Path]) -> dict[str, list[dict]]:
+def load(folders: list[Path]) -> dict[str, dict]:
+    """method -> question id -> record, over every folder (and the q*/ subfolders of a folder without records)."""
     rows: dict[str, dict] = {}
-    per_folder_ids = []
+    files = []
     for folder in folders:
-        ids = set()
-        for line in (folder / "per_question.jsonl").read_text().splitlines():
+        own = folder / "per_question.jsonl"
+        files += [own] if own.is_file() else sorted(folder.glob("q*/per_question.jsonl"))
+    for path in files:
+        for line in path.read_text().splitlines():
             r = json.loads(line)
             rows.setdefault(r["method"], {})[r["question_id"]] = r
-            ids.add(r["question_id"])
-        per_folder_ids.append(ids)
-    shared = set.intersection(*per_folder_ids)
-    return {m: [q[i] for i in sorted(shared)] for m, q in rows.items()}
+    return rows
 
 
 def stats(records: list[dict]) -> dict:
@@ -43,22 +44,41 @@ def name(method: str) -> str:
     return method.replace("tree:c2t@c2t_classifier=" + CLF, "c2t ").replace("@", " ")
 
 
-def table(title: str, methods: list[tuple[str, str]], data: dict) -> str:
-    lines = [f"### {title}", "", "| setting | method (bench row) | tau | nodes / step | drafted nodes (total) | identical |",
+def table(title: str, methods: list[tuple[str, str]], rows: dict, results: dict) -> str:
+    """The table on the questions all its rows ran; when some rows ran fewer questions than the rest (a run cut
+    short), also the table without those rows on the questions the others share."""
+    ran = [m for _, m in methods if m in rows]
+    if not ran:
+        return f"### {title}\n\nnot run\n"
+    text = _table(title, methods, rows, results, sorted(set.intersection(*(set(rows[m]) for m in ran))))
+    most = max(len(rows[m]) for m in ran)
+    complete = [m for m in ran if len(rows[m]) == most]
+    if len(complete) < len(ran):
+        full = sorted(set.intersection(*(set(rows[m]) for m in complete)))
+        text += "\n" + _table(title + ", rows that ran every question", [(lab, m) for lab, m in methods
+                                                                          if m in complete], rows, results, full)
+    return text
+
+
+def _table(title: str, methods: list[tuple[str, str]], rows: dict, results: dict, shared: list) -> str:
+    lines = [f"### {title} ({len(shared)} questions)", "",
+             "| setting | method (bench row) | tau | nodes / step | drafted nodes (total) | identical |",
              "|---|---|---:|---:|---:|---|"]
     for label, method in methods:
-        if method not in data:
-            lines.append(f"| {label} | `{method}` | not run | | | |")
+        if method not in rows:
+            lines.append(f"| {label} | `{name(method)}` | not run | | | |")
             continue
-        s = data[method]
+        s = stats([rows[method][q] for q in shared])
+        results.setdefault(f"{title} ({len(shared)} questions)", {})[label] = {"method": method,
+                                                                             "question_ids": shared, **s}
         lines.append(f"| {label} | `{name(method)}` | {s['tau']:.2f} | {s['nodes_per_step']:.1f} | {s['total_nodes']} | "
                      f"{'yes' if s['identical_to_plain'] else 'NO'} |")
     return "\n".join(lines) + "\n"
 
 
-def main(out: str, *folders: str) -> None:
+def main(out: str, which: str, *folders: str) -> None:
     rows = load([Path(f) for f in folders])
-    data = {m: stats(r) for m, r in rows.items()}
+    results: dict = {}
     c = "tree:c2t@c2t_classifier=" + CLF
     phd = c + "PHd"
     eagle = [(f"EAGLE-2 budget {b}", f"tree:eagle2@tree_budget={b}") for b in (10, 20, 40)]
@@ -73,18 +93,19 @@ def main(out: str, *folders: str) -> None:
     t5 += [(f"beta 0.3, second top-K {k or 'none'}", phd + f"@c2t_threshold=0.3@c2t_topk={k}") for k in (15, 20, 0)]
     t6 = [(f"entropy over top {n}", phd if n == 1000 else phd + f"@c2t_entropy_top={n}")
           for n in (100, 500, 1000, 49152)]
-    questions = next(iter(data.values()))["questions"]
-    text = (f"MT-bench, first {questions} questions x 64 new tokens, greedy, fp32, `--threads 1`. tau = new tokens per "
+    text = ("MT-bench questions (the first ones; count per table) x 64 new tokens, greedy, fp32, `--threads 1`. tau = new tokens per "
             "target forward (the bonus token included; the C2T paper's accept length excludes it); nodes = draft "
             "tokens verified per step (root excluded), the paper's candidate-token count N summed over the run.\n\n")
-    text += table("Table 1: classifier features (beta 0.5, second top-K 15)", t1, data) + "\n"
-    text += table("Table 3: chain mode", t3, data) + "\n"
-    text += table("Table 5: second top-K", t5, data) + "\n"
-    text += table("Table 6: entropy over the top N (classifier trained with N = 1000; 49152 = the whole vocabulary)",
-                  t6, data)
+    tokens = sorted({r["new_tokens"] for m in rows.values() for r in m.values()})
+    text = text.replace("x 64 new tokens", f"x {'/'.join(map(str, tokens))} new tokens")
+    tables = {"1": ("Table 1: classifier features (beta 0.5, second top-K 15)", t1), "3": ("Table 3: chain mode", t3),
+              "5": ("Table 5: second top-K", t5),
+              "6": ("Table 6: entropy over the top N (classifier trained with N = 1000; 49152 = the whole vocabulary)",
+                    t6)}
+    text += "\n".join(table(*tables[t], rows, results) for t in which.split(","))
     Path(out).mkdir(parents=True, exist_ok=True)
-    (Path(out) / "tables.md").write_text(text)
-    (Path(out) / "results.json").write_text(json.dumps(data, indent=2) + "\n")
+    (Path(out) / f"tables_{which.replace(',', '_')}.md").write_text(text)
+    (Path(out) / f"results_{which.replace(',', '_')}.json").write_text(json.dumps(results, indent=2) + "\n")
     print(text)
 
 
