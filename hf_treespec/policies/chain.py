@@ -60,6 +60,7 @@ class ChainPolicy(TreePolicy):
             else:
                 token = torch.tensor([int(best)])
             tree = tree.add_children(node, token, logq[token])
-            joint += float(logq[token])
+            if min_joint > 0:  # a host read per level only when the joint probability decides
+                joint += float(logq[token])
             node = torch.tensor([tree.num_nodes - 1])
         return tree
