@@ -201,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.command_line = shlex.join(["hf-treespec", *argv])  # recorded in reports: the command that made them
     try:
         return args.handler(args)
-    except (ValueError, OSError) as error:  # bad input, missing files / packages: a message, not a traceback
+    except (ValueError, OSError, ImportError) as error:  # bad input, missing files / packages: a message, not a traceback
         print(f"hf-treespec {args.command}: error: {error}", file=sys.stderr)
         return 2
 

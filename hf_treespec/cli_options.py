@@ -176,8 +176,10 @@ def none_or(kind: type, none: str = "none") -> Callable[[str], Any]:
 # ------------------------------------------------------------------------------------------------------- parser
 def config_file_values(parser: argparse.ArgumentParser, path: str) -> dict[str, Any]:
     """The YAML mapping in ``path``, checked against ``parser``'s option names."""
-    import yaml
-
+    try:
+        import yaml
+    except ImportError:
+        raise ImportError("--config reads YAML: pip install pyyaml (or hf-treespec[bench] / [train]).") from None
     if not Path(path).is_file():
         raise FileNotFoundError(f"--config {path} does not exist.")
     values = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
