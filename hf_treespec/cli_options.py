@@ -94,10 +94,15 @@ def add_options(parser: argparse.ArgumentParser, *config_classes: type, defaults
             target.add_argument(*_flags(field, hints[field.name], settings, default), *settings.flags, **kwargs)
     if defaults:
         raise ValueError(f"defaults for options that do not exist: {sorted(defaults)}")
+    add_config_option(parser)
+    return parser
+
+
+def add_config_option(parser: argparse.ArgumentParser) -> None:
+    """``--config FILE.yaml`` on ``parser`` (once): :func:`apply_config_file` reads it before the flags are parsed."""
     if not any(action.dest == "config" for action in parser._actions):
         parser.add_argument("--config", default=None, metavar="FILE.yaml",
                             help="YAML mapping of option names (as in the dataclasses) to values; flags override it")
-    return parser
 
 
 def _flags(field: dataclasses.Field, annotation: Any, settings: CLIOption, default: Any) -> list[str]:

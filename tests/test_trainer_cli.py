@@ -8,7 +8,8 @@ import dataclasses
 import pytest
 
 from hf_treespec.trainers import TRAINERS
-from hf_treespec.trainers.cli import SUBCOMMANDS, add_parser, config_from_args, subcommand
+from hf_treespec.cli_options import build_config
+from hf_treespec.trainers.cli import SUBCOMMANDS, add_parser, subcommand
 from hf_treespec.trainers.c2t import C2TConfig
 from hf_treespec.trainers.gto import GTOConfig
 from hf_treespec.trainers.nde import NDEConfig
@@ -33,7 +34,7 @@ def test_cli_defaults_are_the_dataclass_defaults(name, tmp_path):
     config_class = CONFIGS[name]
     args = parse(name, "--data", "somewhere")
     assert args.output_dir == f"runs/{name}"
-    assert comparable(config_from_args(config_class, args)) == comparable(config_class(output_dir="x"))
+    assert comparable(build_config(config_class, args)) == comparable(config_class(output_dir="x"))
 
 
 def test_paper_defaults_live_in_the_dataclasses():
@@ -50,12 +51,12 @@ def test_yaml_config_round_trip_and_flags_override_it(tmp_path):
               "draft_vocab_size": 512, "lr_scheduler_type": "linear"}
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(values))
     args = parse("hass", "--config", str(tmp_path / "run.yaml"), "--unroll-steps", "4", "--lr", "2e-4")
-    config = config_from_args(CONFIGS["hass"], args)
+    config = build_config(CONFIGS["hass"], args)
     assert (config.learning_rate, config.unroll_steps, config.per_device_train_batch_size) == (2e-4, 4, 3)
     assert config.lr_scheduler_type == "linear" and (args.data, args.draft_vocab_size) == ("d", 512)
     # what the YAML held comes back out of a config dumped the same way
     dumped = {k: v for k, v in config.to_dict().items() if k in values}
-    parsed_again = config_from_args(CONFIGS["hass"], parse("hass", "--data", "d", *sum(
+    parsed_again = build_config(CONFIGS["hass"], parse("hass", "--data", "d", *sum(
         ([f"--{k}", str(v)] for k, v in dumped.items()), [])))
     assert comparable(parsed_again) == comparable(config)
 

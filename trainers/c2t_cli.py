@@ -119,7 +119,9 @@ def run_c2t(args, threads) -> int:
     from hf_treespec.policies.c2t import C2TClassifier, C2TClassifierConfig
 
     from .c2t import C2TConfig, C2TTrainer, load_c2t_data
-    from .cli_common import config_from_args, save_final
+    from hf_treespec.cli_options import build_config
+
+    from .cli_common import save_final
 
     threads(args)
     data = load_c2t_data(args.data)
@@ -129,7 +131,7 @@ def run_c2t(args, threads) -> int:
     evaluation = data.filter(lambda row: row["prompt"] in held) if held else None
     features = tuple(f.strip() for f in args.features.split(",") if f.strip())
     model = C2TClassifier(C2TClassifierConfig(hidden_size=args.hidden_size, features=features))
-    training_args = config_from_args(C2TConfig, args)
+    training_args = build_config(C2TConfig, args)
     trainer = C2TTrainer(model, training_args, train_dataset=train, eval_dataset=evaluation)
     start = time.perf_counter()
     result = trainer.train()

@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 from hf_treespec.cli_options import add_options, option
 
-from .cli_common import ConfigParser, config_from_args, set_threads  # noqa: F401  (re-exported)
+from .cli_common import ConfigParser, set_threads  # noqa: F401  (re-exported)
 from .regenerate import add_regenerate_parser
 
 

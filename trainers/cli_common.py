@@ -1,11 +1,11 @@
-"""What every ``hf-treespec train`` command shares: the dataclass-driven parser with ``--config file.yaml``, config
-building from parsed options, resume, threads and precision handling. The command modules (``cli.py``,
+"""What every ``hf-treespec train`` command shares: the dataclass-driven parser with ``--config file.yaml``, the
+options of the non-Trainer commands (``TargetArguments``), resume, threads and precision handling (configs are built
+from parsed options by ``hf_treespec.cli_options.build_config``). The command modules (``cli.py``,
 ``gto_cli.py``, ``c2t_cli.py``) import from here, never from each other."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from transformers import HfArgumentParser
 
-from hf_treespec.cli_options import add_options, apply_config_file, option
+from hf_treespec.cli_options import add_config_option, apply_config_file, option
 from hf_treespec.hardware import fast_dtype
 
 
@@ -23,8 +23,7 @@ class ConfigParser(HfArgumentParser):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.add_argument("--config", default=None, metavar="FILE.yaml",
-                          help="YAML mapping of option names (as in the dataclasses) to values; flags override it")
+        add_config_option(self)
 
     def parse_known_args(self, args=None, namespace=None):
         args = list(sys.argv[1:] if args is None else args)
@@ -41,13 +40,6 @@ def add_config_command(commands, name: str, dataclass_types: list[type], handler
     parser.deliberate_defaults = dict(cli_defaults)  # e.g. output_dir=runs/<name> instead of TrainingArguments'
 
     return parser
-
-
-def config_from_args(config_class: type, args: argparse.Namespace, **overrides: Any):
-    """``config_class`` built from the parsed options that are its fields (plus ``overrides``)."""
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(config_class)
-              if f.init and hasattr(args, f.name)}
-    return config_class(**{**values, **overrides})
 
 
 def resume_field():
@@ -153,8 +145,3 @@ class TargetArguments:
         "target model: asset short name, checkpoint folder or .gguf file"))
     threads: int | None = field(default=None, metadata=option("torch.set_num_threads (default: torch's)"))
     no_progress: bool = field(default=False, metadata=option("hide progress bars"))
-
-
-def add_common_options(parser: argparse.ArgumentParser) -> None:
-    """``--target``, ``--threads`` and ``--no-progress``: the options every non-Trainer command takes."""
-    add_options(parser, TargetArguments)

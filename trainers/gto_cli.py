@@ -17,6 +17,7 @@ import argparse
 import time
 from dataclasses import dataclass, field
 
+from hf_treespec.cli_options import build_config
 from hf_treespec.hardware import AUTO_DTYPE, AUTO_DTYPE_HELP, DTYPES, resolve_dtype_name
 
 from .cli_common import resume_field
@@ -57,7 +58,7 @@ def run_gto(args: argparse.Namespace) -> int:
     from hf_treespec.assets import load_target, shipped_drafter_path
     from hf_treespec.drafters import TreeSpecDrafterModel
 
-    from .cli_common import (config_from_args, precision_overrides, resume_from, run_overrides, save_final,
+    from .cli_common import (precision_overrides, resume_from, run_overrides, save_final,
                              set_threads)
     from .data import load_prepared
     from .gto import GTOConfig, GTOTrainer
@@ -78,7 +79,7 @@ def run_gto(args: argparse.Namespace) -> int:
     if drafter.config.target_layers != data.config.target_layers:
         raise ValueError(f"--init reads target layers {drafter.config.target_layers}, but --data was prepared with "
                          f"{data.config.target_layers}.")
-    training_args = config_from_args(GTOConfig, args, **precision_overrides(args.dtype == "bf16"),
+    training_args = build_config(GTOConfig, args, **precision_overrides(args.dtype == "bf16"),
                                      **run_overrides(args, eval_data))
     trainer = GTOTrainer(drafter, training_args, target_model=target, train_dataset=data, eval_dataset=eval_data)
     start = time.perf_counter()

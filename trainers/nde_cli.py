@@ -14,7 +14,7 @@ from hf_treespec.hardware import AUTO_DTYPE, AUTO_DTYPE_HELP, DTYPE_CHOICES, DTY
 from hf_treespec.cli_options import add_options, build_config, comma_list, option
 
 from .cli_common import (
-    TargetArguments, add_config_command, add_short_flags, config_from_args, resume_field, resume_from,
+    TargetArguments, add_config_command, add_short_flags, resume_field, resume_from,
     run_overrides, save_final, set_threads,
 )
 
@@ -150,7 +150,7 @@ def run_nde(args: argparse.Namespace) -> int:
     eval_data = load_nde_data(args.eval_data, args.verifier) if args.eval_data else None
     selector = build_selector(data, shared_dim=args.shared_dim, dropout=args.dropout, use_hidden=not args.no_hidden,
                               latency_features=args.latency_features, feature_set=args.feature_set)
-    training_args = config_from_args(NDEConfig, args, **run_overrides(args, eval_data))
+    training_args = build_config(NDEConfig, args, **run_overrides(args, eval_data))
     trainer = NDETrainer(selector, training_args, train_dataset=data, eval_dataset=eval_data)
     start = time.perf_counter()
     result = trainer.train(resume_from_checkpoint=resume_from(args))

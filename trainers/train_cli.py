@@ -9,10 +9,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hf_treespec.cli_options import add_options, option
+from hf_treespec.cli_options import add_options, build_config, option
 
 from .cli_common import (
-    TargetArguments, add_config_command, add_short_flags, bf16_supported, config_from_args, precision_overrides,
+    TargetArguments, add_config_command, add_short_flags, bf16_supported, precision_overrides,
     resume_field, resume_from, run_overrides, save_final, set_seed, set_threads,
 )
 
@@ -112,7 +112,7 @@ def run_train(args: argparse.Namespace) -> int:
     set_seed(args.seed)  # a new drafter's initial weights follow --seed (the same on every process)
     drafter = build_drafter(args, target, data)
     bf16 = args.precision == "bf16" or (args.precision == "auto" and bf16_supported())
-    training_args = config_from_args(trainer_cls.config_class, args, **precision_overrides(bf16),
+    training_args = build_config(trainer_cls.config_class, args, **precision_overrides(bf16),
                                      **run_overrides(args, eval_data))
     trainer = trainer_cls(drafter, training_args, target_model=target, train_dataset=data, eval_dataset=eval_data)
     start = time.perf_counter()
