@@ -328,6 +328,33 @@ def test_resume_from_checkpoint_reproduces_the_run(target, talf_data, tmp_path):
     torch.testing.assert_close(resumed, full, atol=1e-5, rtol=1e-4)
 
 
+def test_time_budget_schedule_follows_the_clock():
+    from hf_treespec.trainers.time_budget import time_budget_factor
+
+    assert time_budget_factor(0.05, "cosine", 0.1) == pytest.approx(0.5)  # half-way through the warm-up
+    assert time_budget_factor(0.1, "cosine", 0.1) == pytest.approx(1.0)
+    assert time_budget_factor(0.55, "cosine", 0.1) == pytest.approx(0.5)  # half-way through the decay
+    assert time_budget_factor(1.0, "cosine", 0.1) == pytest.approx(0.0)
+    assert time_budget_factor(3.0, "linear", 0.0) == 0.0  # past the budget: nothing left to learn at
+    assert time_budget_factor(0.9, "constant", 0.5) == 1.0
+    with pytest.raises(ValueError, match="lr_scheduler_type"):
+        time_budget_factor(0.5, "polynomial", 0.0)
+
+
+def test_time_budget_stops_training_annealed(target, talf_data, tmp_path):
+    """A spent budget ends the run early (the epochs would give 24 steps) with the learning rate decayed to 0."""
+    drafter = make_drafter(target, seed=3)
+    args = _args(TALFConfig, tmp_path, max_steps=-1, num_train_epochs=24, max_train_seconds=1e-3,
+                 lr_scheduler_type="cosine")
+    trainer = TALFTrainer(drafter, args, target_model=target, train_dataset=talf_data)
+    result = trainer.train()
+    assert result.global_step == 1 < 24 * -(-len(talf_data.dataset) // 4)
+    assert trainer.lr_scheduler.get_last_lr()[0] == 0.0
+    with pytest.raises(ValueError, match="fraction of the budget"):
+        TALFTrainer(make_drafter(target), _args(TALFConfig, tmp_path, max_train_seconds=60, warmup_steps=10),
+                    target_model=target, train_dataset=talf_data)
+
+
 def test_acceptance_by_depth_on_chain_data(target, tokenizer, tmp_path):
     config = PrepareConfig(chunk_size=8, tree_policy="chain", tree_params={"tree_depth": 3}, tree_positions=None,
                            storage_dtype="float32")

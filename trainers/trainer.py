@@ -20,6 +20,7 @@ from transformers import PreTrainedModel, Trainer, TrainingArguments
 from .collators import DrafterCollator, EAGLECollator, HASSCollator, TALFCollator
 from .data import PreparedData
 from .metrics import MetricsMixin
+from .time_budget import TimeBudgetCallback, WallClock, time_budget_scheduler
 from .losses import TargetHead, feature_regression, soft_cross_entropy, top1_agreement, topk_distillation
 from .unroll import TreeLevels, UnrollOutput, unroll
 
@@ -55,6 +56,9 @@ class DrafterTrainingArguments(TrainingArguments):
     remove_unused_columns: bool = field(default=False, metadata={"help": "collators need every prepared column"})
     prediction_loss_only: bool = field(default=True, metadata={"help": "evaluation reports losses and metrics"})
     dataloader_pin_memory: bool = pin_memory_field()
+    max_train_seconds: float | None = field(default=None, metadata={
+        "help": "wall-clock budget: the learning-rate schedule follows the clock and training stops (and saves) when "
+                "it is spent (num_train_epochs still bounds the run)"})
     # every drafter parameter gets a gradient at every step (a batch with nothing to score still returns a loss
     # connected to all of them), so DDP need not search the graph for unused ones
     ddp_find_unused_parameters: bool | None = field(default=False, metadata={
@@ -152,6 +156,22 @@ class DrafterTrainer(MetricsMixin, Trainer):
         self.target_head = target_head.to(self.args.device)
         for module in (model.get_input_embeddings(), model.get_output_embeddings()):
             module.to(self.args.device)  # shared target modules are not registered on the drafter, so not moved
+        self.clock = WallClock()
+        if self.args.max_train_seconds is not None:
+            time_budget_scheduler(torch.optim.SGD([torch.zeros(1)]), self.args.max_train_seconds,
+                                  self.args.lr_scheduler_type, self.args.warmup_steps, self.clock)  # fail early
+            self.add_callback(TimeBudgetCallback(self.args.max_train_seconds, self.clock))
+
+    def create_scheduler(self, num_training_steps: int, optimizer=None):
+        """The step schedule of ``lr_scheduler_type``, or with ``max_train_seconds`` the same shape over the clock
+        (:mod:`.time_budget`)."""
+        if self.args.max_train_seconds is None:
+            return super().create_scheduler(num_training_steps, optimizer)
+        if self.lr_scheduler is None:
+            self.lr_scheduler = time_budget_scheduler(optimizer if optimizer is not None else self.optimizer,
+                                                      self.args.max_train_seconds, self.args.lr_scheduler_type,
+                                                      self.args.warmup_steps, self.clock)
+        return self.lr_scheduler
 
     @classmethod
     def make_collator(cls, prepared: PreparedData, args: DrafterTrainingArguments) -> DrafterCollator:
