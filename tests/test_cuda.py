@@ -1,8 +1,8 @@
 """The decoding loop, every policy, verifier and drafter kind, batched generation, auto sizing and a training step on
 a CUDA device. Skipped without one (CI has none); on a GPU machine ``python -m pytest tests/test_cuda.py`` checks that
 nothing in the package builds a tensor on the wrong device and that greedy output is still plain ``generate``'s.
-(The trainer tests need nothing of this kind: ``Trainer`` moves the drafter and its batches to the GPU by itself, so
-``tests/test_trainers.py`` and ``tests/test_ttt.py`` run there as they are.)
+(``tests/test_trainers.py`` pins its Trainers to the CPU; the training steps here run where the batches do, which is
+where a step once built its tree-attention mask on the wrong device.)
 
 Everything here is placed on the GPU the way a user would place it (``model.to("cuda")``, inputs on the model's
 device); selectors and classifiers are left where they are loaded (the CPU) since a user passes them as loaded.
@@ -204,3 +204,27 @@ def test_syncs_per_step_on_the_device(gpu_target, gpu_drafters):
         per_step = [b - a for a, b in zip(ends[1:], ends[2:])]
     assert len(per_step) >= 3
     assert max(per_step) <= DEVICE_STEP_BUDGET, per_step
+
+
+@pytest.mark.parametrize("objective", ["talf", "ttt"])
+def test_training_steps_on_the_device(objective, tmp_path):
+    """TALF (target trees) and TTT (7-step unroll + trees) train on the device: a few optimizer steps, finite loss."""
+    from hf_treespec.trainers import TRAINERS, load_prepared, prepare_dataset
+    from hf_treespec.trainers.data import PrepareConfig
+
+    from test_trainers import TREES, char_tokenizer, conversations, make_drafter, tiny_target
+
+    target = tiny_target()
+    config = PrepareConfig(chunk_size=4, batch_tokens=256, storage_dtype="float32", tree_positions=4, **TREES)
+    prepare_dataset(target.to(CUDA), char_tokenizer(), conversations(4), tmp_path / "data", config,
+                    progress=False)
+    data = load_prepared(tmp_path / "data")
+    trainer_cls = TRAINERS[objective]
+    args = trainer_cls.config_class(output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, max_steps=3,
+                                    save_strategy="no", report_to="none", use_cpu=CUDA.type == "cpu",
+                                    disable_tqdm=True, logging_steps=1)
+    trainer = trainer_cls(make_drafter(target), args, target_model=target, train_dataset=data)
+    result = trainer.train()
+    assert result.global_step == 3 and torch.isfinite(torch.tensor(result.training_loss))
+    assert next(trainer.model.parameters()).device.type == CUDA.type
+

@@ -50,14 +50,19 @@ TEMPLATE = ("{% for m in messages %}{{ m['role'][0] | upper }}+{{ m['content'] }
 
 
 
-@pytest.fixture(scope="module")
-def tokenizer() -> PreTrainedTokenizerFast:
+def char_tokenizer() -> PreTrainedTokenizerFast:
+    """One token per character, with a chat template: conversations of letters tokenize predictably."""
     tok = Tokenizer(models.WordLevel(vocab={c: i for i, c in enumerate(CHARS)}, unk_token="a"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()
     out = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="a", pad_token="a")
     out.chat_template = TEMPLATE
     return out
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> PreTrainedTokenizerFast:
+    return char_tokenizer()
 
 
 def tiny_target() -> LlamaForCausalLM:
@@ -326,6 +331,30 @@ def test_resume_from_checkpoint_reproduces_the_run(target, talf_data, tmp_path):
     run(tmp_path / "cut", 3)
     resumed = run(tmp_path / "cut", 6, resume=str(tmp_path / "cut" / "checkpoint-3"))
     torch.testing.assert_close(resumed, full, atol=1e-5, rtol=1e-4)
+
+
+def test_ancestor_mask_matches_the_draft_tree():
+    """The unroll's ancestor mask (built where the batch lives, level by level) equals DraftTree's on random forests."""
+    from hf_treespec.tree import DraftTree
+
+    rng = random.Random(5)
+    rows = []
+    for _ in range(4):
+        nodes = []
+        for _ in range(rng.randint(0, 12)):
+            shallower = [j for j, node in enumerate(nodes) if node[3] < 4]
+            parent = rng.choice([-1] + shallower)
+            nodes.append((rng.randrange(50), parent, 0, 1 if parent < 0 else nodes[parent][3] + 1))
+        rows.append(nodes)
+    levels, _ = TreeLevels.from_rows(rows)
+    mask = levels.ancestors()
+    for b in range(len(rows)):
+        parents = torch.where(levels.valid[b] & (levels.parents[b] >= 0), levels.parents[b] + 1, 0)
+        forest = DraftTree(tokens=torch.cat([torch.zeros(1, dtype=torch.long), levels.tokens[b]]),
+                           parents=torch.cat([torch.full((1,), -1), parents]),
+                           depth=torch.cat([torch.zeros(1, dtype=torch.long), levels.depth[b].clamp(min=1)]),
+                           scores=torch.zeros(levels.tokens.shape[1] + 1))
+        assert torch.equal(mask[b], forest.ancestor_mask()[1:, 1:])
 
 
 def test_time_budget_schedule_follows_the_clock():

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 import torch
 
 from hf_treespec.attention import float_mask
-from hf_treespec.tree import DraftTree
 
 #: batch keys of the flattened tree nodes (what a collator emits and ``TreeLevels.from_batch`` reads)
 LEVEL_KEYS = ("node_tokens", "node_parents", "node_roots", "node_depth", "node_valid", "level_bounds")
@@ -87,22 +86,20 @@ class TreeLevels:
         return cls(tokens, parents, roots, depth, valid, bounds), slots
 
     def ancestors(self) -> torch.Tensor:
-        """``[B, M, M]`` bool: node j is node i or one of its non-root ancestors.
+        """``[B, M, M]`` bool: node j is node i or one of its non-root ancestors (padding nodes see themselves only).
 
-        Each row's nodes form a forest; as one :class:`~hf_treespec.tree.DraftTree` under a virtual root, its
-        vectorised ``ancestor_mask`` gives the answer (padding nodes hang off the virtual root, seeing themselves)."""
-        out = []
-        for b in range(self.tokens.shape[0]):
-            parents = torch.where(self.valid[b] & (self.parents[b] >= 0), self.parents[b] + 1,
-                                  torch.zeros_like(self.parents[b]))
-            forest = DraftTree(
-                tokens=torch.cat([self.tokens.new_zeros(1), self.tokens[b]]),
-                parents=torch.cat([parents.new_full((1,), -1), parents]),
-                depth=torch.cat([self.depth.new_zeros(1), self.depth[b].clamp(min=1)]),
-                scores=torch.zeros(self.tokens.shape[1] + 1, device=self.tokens.device),
-            )
-            out.append(forest.ancestor_mask()[1:, 1:])
-        return torch.stack(out)
+        Built where the batch lives (a training step's GPU included) by following every node's parent pointer once
+        per depth level: a parent is always on a shallower level, so ``L`` hops reach every ancestor, and the level
+        count is a shape, so nothing waits for the device."""
+        batch, size = self.tokens.shape
+        parents = torch.where(self.valid & (self.parents >= 0), self.parents, torch.full_like(self.parents, -1))
+        hits = torch.zeros(batch, size, size + 1, dtype=torch.uint8, device=self.tokens.device)  # column M: no parent
+        current = parents
+        for _ in range(self.bounds.shape[0]):
+            hits.scatter_(2, torch.where(current >= 0, current, size).unsqueeze(-1), 1)
+            current = torch.where(current >= 0, parents.gather(1, current.clamp(min=0)), current)
+        eye = torch.eye(size, dtype=torch.bool, device=self.tokens.device)
+        return hits[..., :size].bool() | eye
 
 
 @dataclass
