@@ -7,7 +7,10 @@
 # Every step resumes: rerun the script after any interruption (finished regenerate / prepare chunks are skipped,
 # training continues from its last checkpoint). On a GPU machine every step runs there; bring back only $RUNS/ship.
 #
-#   GPU:  RUNS=runs PROMPTS=16000 bash examples/self_distill_eagle3.sh          (not yet timed on a GPU)
+#   GPU:  RUNS=runs PROMPTS=16000 bash examples/self_distill_eagle3.sh
+#         (measured in part on one H100, docs/history.md 2026-11-26: `prepare` without trees ~24k tokens/s per process;
+#         TTT ~5.7k tokens/s at batch 16. Regenerate in ONE process: several processes on one GPU take turns.
+#         On a rented GPU, TRAIN_SECONDS=3600 ends training annealed after an hour, whatever the step time.)
 #   CPU:  RUNS=runs PROMPTS=1000 THREADS=2 bash examples/self_distill_eagle3.sh (~3 h of regenerate + prepare per million tokens on 2 avx512_bf16 cores, docs/history.md)
 #   STEPS="regenerate prepare" bash examples/self_distill_eagle3.sh             (run only some steps)
 set -euo pipefail
@@ -60,7 +63,7 @@ if run train; then
     $HF train ttt --data "$RUNS/data/regen-e3" "$RUNS/data/sharegpt-e3" --eval-data "$RUNS/data/dev-e3" \
         --input-mode eagle3 --ttt-steps 7 --epochs 10 --batch-size "$TRAIN_BATCH" --draft-vocab-size 8192 \
         --precision "$PRECISION" --save-strategy steps --save-steps 500 --resume $THREADS_OPT \
-        --output-dir "$RUNS/ttt-e3"
+        ${TRAIN_SECONDS:+--max-train-seconds "$TRAIN_SECONDS"} --output-dir "$RUNS/ttt-e3"
 fi
 
 # 4. held-out acceptance per depth (chain tau) and SALF on MT-bench first turns (40 questions, 128 tokens),
