@@ -145,6 +145,26 @@ def test_equals_reference_heap_sampled(budget):
             assert torch.allclose(tree.draft_q(v), table(path_of(tree, v)))
 
 
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_a_wide_layer_never_grows_the_tree_past_the_budget(monkeypatch, do_sample):
+    """Draws that cannot make the budget's cut never enter the tree, so it never holds more than twice the budget (a
+    512-node tree's second layer once asked for 230k nodes and a 53 GB ancestor matrix); the tree is the heap's."""
+    sizes = []
+    add_children = DraftTree.add_children
+
+    def spy(self, *args, **kwargs):
+        grown = add_children(self, *args, **kwargs)
+        sizes.append(grown.num_nodes)
+        return grown
+
+    monkeypatch.setattr(DraftTree, "add_children", spy)
+    generator = AscendingDraws() if do_sample else None
+    tree, _ = build(do_sample=do_sample, generator=generator, tree_budget=20)
+    ref = reference_heap(table, 20, ascending_order if do_sample else greedy_order)
+    assert sibling_lists(tree) == reference_sibling_lists(ref)
+    assert max(sizes) <= 1 + 2 * 20  # the kept draws + this layer's that make the cut, before the cut
+
+
 def test_depth_bound_and_threshold_variant():
     tree, _ = build(tree_budget=40, tree_depth=2)
     assert tree.max_depth <= 2

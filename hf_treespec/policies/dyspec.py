@@ -74,6 +74,7 @@ class DySpecPolicy(TreePolicy):
             # to rounding, and a child must never outrank its parent)
             slot = torch.minimum(tree.scores[frontier].exp(), keys[frontier])[:, None] * (1 - before)
             draw = torch.isfinite(logq) & (slot > 0) & (slot >= threshold)
+            draw = self._among_best(draw, slot, keys, budget)
             rows = torch.arange(frontier.numel(), device=device)[:, None].expand_as(tokens)[draw]
             start = tree.num_nodes
             tree = tree.add_children(frontier[rows], tokens[draw], logq[draw])
@@ -92,3 +93,19 @@ class DySpecPolicy(TreePolicy):
                 grow &= tree.depth < int(max_depth)
             frontier = grow.nonzero().squeeze(-1)
         return tree
+
+    @staticmethod
+    def _among_best(draw: torch.Tensor, slot: torch.Tensor, keys: torch.Tensor, budget: int) -> torch.Tensor:
+        """The draws that can survive the cut to the ``budget`` best (the tree's draws first, then these in
+        row-major order: the cut's own tie order). Dropping the others before they enter the tree gives the same
+        tree and keeps a wide layer of a large budget (hundreds of nodes x hundreds of draws) from materialising."""
+        count = int(draw.sum())  # host tensors: no device sync
+        if count + keys.numel() - 1 <= budget:
+            return draw
+        values = torch.cat([keys[1:].float(), slot[draw].float()])
+        best = torch.sort(-values, stable=True).indices[:budget]
+        kept = torch.zeros(values.numel(), dtype=torch.bool)
+        kept[best] = True
+        draw = draw.clone()
+        draw[draw.clone()] = kept[keys.numel() - 1:]
+        return draw
