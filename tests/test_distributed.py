@@ -170,6 +170,17 @@ def test_talf_under_accelerate_matches_one_process_and_resumes(workspace, tmp_pa
     assert_same_weights(single_dir, ddp_dir)
 
 
+def test_a_time_budget_stops_every_process_after_the_same_step(workspace, tmp_path):
+    """``--max-train-seconds`` under two processes: both read the slower clock, so they stop after the same step
+    (a process stopping alone would leave the other waiting in the gradient all-reduce) and save one drafter."""
+    out = tmp_path / "ddp"
+    summary = launch(workspace, "talf", "--data", str(workspace / "data"), "--precision", "fp32",
+                     "--draft-vocab-size", "32", "--epochs", "500", "--batch-size", "2", "--max-train-seconds", "2",
+                     "--save-strategy", "no", "--logging-steps", "1", "--output-dir", str(out))
+    assert 1 <= summary["steps"] < 500 * 2  # the budget, not the epochs, ended the run
+    assert (out / "model.safetensors").is_file()
+
+
 def test_gto_under_accelerate_matches_one_process(workspace, tmp_path, capsys):
     run = train_cli(workspace / "target", capsys)
     # small trees; without debiasing the GTO term has a gradient from the first step (the reference's trees equal

@@ -370,15 +370,26 @@ def test_time_budget_schedule_follows_the_clock():
         time_budget_factor(0.5, "polynomial", 0.0)
 
 
-def test_time_budget_stops_training_annealed(target, talf_data, tmp_path):
-    """A spent budget ends the run early (the epochs would give 24 steps) with the learning rate decayed to 0."""
+def test_time_budget_stops_training_annealed(target, talf_data, tmp_path, monkeypatch):
+    """A spent budget ends the run before its epochs do, and the learning rate follows the clock down a cosine
+    (a fake clock advancing one second per reading: one reading per optimizer step)."""
+    import itertools
+    import math
+    import types
+
+    from hf_treespec.trainers import time_budget
+
+    ticks = itertools.count()
+    monkeypatch.setattr(time_budget, "time", types.SimpleNamespace(monotonic=lambda: float(next(ticks))))
     drafter = make_drafter(target, seed=3)
-    args = _args(TALFConfig, tmp_path, max_steps=-1, num_train_epochs=24, max_train_seconds=1e-3,
-                 lr_scheduler_type="cosine")
+    args = _args(TALFConfig, tmp_path, max_steps=-1, num_train_epochs=24, max_train_seconds=4.5,
+                 lr_scheduler_type="cosine", learning_rate=1e-3)
     trainer = TALFTrainer(drafter, args, target_model=target, train_dataset=talf_data)
     result = trainer.train()
-    assert result.global_step == 1 < 24 * -(-len(talf_data.dataset) // 4)
-    assert trainer.lr_scheduler.get_last_lr()[0] == 0.0
+    assert result.global_step == 5 < 24 * -(-len(talf_data.dataset) // 4)  # readings 1..5 s; 5 >= 4.5 stops
+    used = [log["learning_rate"] for log in trainer.state.log_history if "learning_rate" in log]
+    expected = [1e-3 * 0.5 * (1 + math.cos(math.pi * k / 4.5)) for k in range(5)]  # step k+1 steps at reading k
+    assert used == pytest.approx(expected, rel=1e-6)
     with pytest.raises(ValueError, match="fraction of the budget"):
         TALFTrainer(make_drafter(target), _args(TALFConfig, tmp_path, max_train_seconds=60, warmup_steps=10),
                     target_model=target, train_dataset=talf_data)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import time
 
+import torch
 from torch.optim.lr_scheduler import LambdaLR
 from transformers import TrainerCallback
 
@@ -21,17 +22,26 @@ TIME_SCHEDULES = ("cosine", "linear", "constant", "constant_with_warmup")
 
 
 class WallClock:
-    """Seconds since :meth:`start` (0 before it): the one clock the schedule and the stopping rule share."""
+    """Seconds since :meth:`start`, read once per optimizer step (:meth:`tick`): the one clock the schedule and the
+    stopping rule share. Across processes (DDP) every process takes the slowest one's reading, so all stop after the
+    same step and step at the same learning rate (their weights stay identical)."""
 
     def __init__(self) -> None:
         self.started: float | None = None
+        self.elapsed = 0.0
 
     def start(self) -> None:
-        self.started = time.monotonic()
+        self.started, self.elapsed = time.monotonic(), 0.0
 
-    @property
-    def elapsed(self) -> float:
-        return 0.0 if self.started is None else time.monotonic() - self.started
+    def tick(self, device) -> float:
+        elapsed = 0.0 if self.started is None else time.monotonic() - self.started
+        if torch.distributed.is_available() and torch.distributed.is_initialized() \
+                and torch.distributed.get_world_size() > 1:
+            reading = torch.tensor([elapsed], dtype=torch.float64, device=device)
+            torch.distributed.all_reduce(reading, op=torch.distributed.ReduceOp.MAX)
+            elapsed = float(reading)
+        self.elapsed = elapsed
+        return elapsed
 
 
 def time_budget_factor(fraction: float, schedule: str, warmup_fraction: float) -> float:
@@ -67,8 +77,8 @@ def time_budget_scheduler(optimizer, seconds: float, schedule: str, warmup: floa
 
 
 class TimeBudgetCallback(TrainerCallback):
-    """Starts the clock when training starts and stops training once ``seconds`` have passed (the Trainer then ends
-    as after its last step: final logs, and the caller's save)."""
+    """Starts the clock when training starts, reads it once per optimizer step, and stops training once ``seconds``
+    have passed (the Trainer then ends as after its last step: final logs, and the caller's save)."""
 
     def __init__(self, seconds: float, clock: WallClock) -> None:
         self.seconds = seconds
@@ -76,6 +86,9 @@ class TimeBudgetCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.clock.start()
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        self.clock.tick(args.device)  # after the update, before the scheduler reads the clock for the next one
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.clock.elapsed >= self.seconds:
