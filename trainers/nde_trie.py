@@ -112,7 +112,7 @@ def trie_tables(trees: SampledTrees, target: ProbsFn, verifier: str, max_paths: 
             kids.setdefault(u, []).append(x)
     solver = VERIFIERS.get(verifier)()
     depth_of = solver.branching_rows
-    columns = solver.branching_columns if solver.uses_branching_columns else None
+    columns = solver.branching_columns  # None when the verifier's law reads no per-child columns
     copies = max_copies(trees).tolist()
     tables: dict[int, NodeTable] = {}
     for start in range(0, expanded.numel(), chunk):

@@ -60,15 +60,20 @@ def time_budget_factor(fraction: float, schedule: str, warmup_fraction: float) -
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def time_budget_scheduler(optimizer, seconds: float, schedule: str, warmup: float, clock: WallClock) -> LambdaLR:
-    """A ``LambdaLR`` whose factor follows ``clock`` over ``seconds``. ``warmup`` < 1 is a fraction of the budget;
-    a whole number of steps is not meaningful against a clock and is refused."""
+def check_time_budget(seconds: float, schedule: str, warmup: float) -> None:
+    """Refuses a budget the clock cannot schedule: ``seconds`` <= 0, a schedule other than :data:`TIME_SCHEDULES`, or a
+    warm-up that is not a fraction of the budget (a whole number of steps means nothing against a clock)."""
     if seconds <= 0:
         raise ValueError(f"max_train_seconds must be > 0, got {seconds}.")
     if not 0 <= warmup < 1:
         raise ValueError(f"with max_train_seconds, warmup_steps is a fraction of the budget (0 <= w < 1), got "
                          f"{warmup}.")
-    time_budget_factor(0.0, schedule, warmup)  # an unsupported schedule fails before training starts
+    time_budget_factor(0.0, schedule, warmup)
+
+
+def time_budget_scheduler(optimizer, seconds: float, schedule: str, warmup: float, clock: WallClock) -> LambdaLR:
+    """A ``LambdaLR`` whose factor follows ``clock`` over ``seconds`` (see :func:`check_time_budget`)."""
+    check_time_budget(seconds, schedule, warmup)
 
     def factor(step: int) -> float:  # a plain function: LambdaLR checkpoints no state of it, so a resume restarts it
         return time_budget_factor(clock.elapsed / seconds, schedule, warmup)

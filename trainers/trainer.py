@@ -20,7 +20,7 @@ from transformers import PreTrainedModel, Trainer, TrainingArguments
 from .collators import DrafterCollator, EAGLECollator, HASSCollator, TALFCollator
 from .data import PreparedData
 from .metrics import MetricsMixin
-from .time_budget import TimeBudgetCallback, WallClock, time_budget_scheduler
+from .time_budget import TimeBudgetCallback, WallClock, check_time_budget, time_budget_scheduler
 from .losses import TargetHead, feature_regression, soft_cross_entropy, top1_agreement, topk_distillation
 from .unroll import TreeLevels, UnrollOutput, unroll
 
@@ -158,8 +158,7 @@ class DrafterTrainer(MetricsMixin, Trainer):
             module.to(self.args.device)  # shared target modules are not registered on the drafter, so not moved
         self.clock = WallClock()
         if self.args.max_train_seconds is not None:
-            time_budget_scheduler(torch.optim.SGD([torch.zeros(1)]), self.args.max_train_seconds,
-                                  self.args.lr_scheduler_type, self.args.warmup_steps, self.clock)  # fail early
+            check_time_budget(self.args.max_train_seconds, self.args.lr_scheduler_type, self.args.warmup_steps)
             self.add_callback(TimeBudgetCallback(self.args.max_train_seconds, self.clock))
 
     def create_scheduler(self, num_training_steps: int, optimizer=None):

@@ -106,6 +106,6 @@ class DySpecPolicy(TreePolicy):
         best = torch.sort(-values, stable=True).indices[:budget]
         kept = torch.zeros(values.numel(), dtype=torch.bool)
         kept[best] = True
-        draw = draw.clone()
-        draw[draw.clone()] = kept[keys.numel() - 1:]
-        return draw
+        among = draw.clone()
+        among[draw] = kept[keys.numel() - 1:]
+        return among

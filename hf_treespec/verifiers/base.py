@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -77,14 +77,12 @@ class Verifier(ABC):
         at a node whose p / q are summarised by ``table`` (see `hf_treespec.verifiers.branching`)."""
         raise NotImplementedError(f"verifier={self.name!r} has no closed-form branching law.")
 
-    #: whether :meth:`branching` reads ``NodeTable.columns`` (then :meth:`branching_columns` fills them)
-    uses_branching_columns: bool = False
-
-    def branching_columns(self, p: torch.Tensor, q: torch.Tensor, tokens: list[int], k: int) -> dict[str, list[float]]:
-        """Per-child values (``tokens``: the node's distinct drafted children) that :meth:`branching` needs when the
-        node's child list holds ``k`` copies, computed from the node's full ``[V]`` p and q with the solver's own
-        arithmetic (SpecTr's division factor, Khisti's selection law depend on k and on the whole vocabulary)."""
-        raise NotImplementedError(f"verifier={self.name!r} reads no branching columns.")
+    #: Verifiers whose :meth:`branching` reads ``NodeTable.columns`` define it as a method
+    #: ``branching_columns(p, q, tokens, k) -> {name: [value per child]}``: per-child values (``tokens``: the node's
+    #: distinct drafted children) for a child list of ``k`` copies, computed from the node's full ``[V]`` p and q with
+    #: the solver's own arithmetic (SpecTr's division factor, Khisti's selection law depend on k and the whole
+    #: vocabulary). None: the law needs no columns.
+    branching_columns: Callable[[torch.Tensor, torch.Tensor, list[int], int], dict[str, list[float]]] | None = None
 
     def branching_rows(self, copies: int) -> int:
         """SpecInfer residual rows (p_0 = p, p_j = norm((p_{j-1} - q)+)) :meth:`branching` reads at a node whose

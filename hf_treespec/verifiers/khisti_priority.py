@@ -41,7 +41,6 @@ class KhistiPriorityVerifier(TopDownVerifier):
     """
 
     has_branching_law = True
-    uses_branching_columns = True
 
     def branching_rows(self, copies: int) -> int:
         return 2  # p and norm((p - q)+), for the nodes with one draft

@@ -51,7 +51,6 @@ class SpecTrVerifier(TopDownVerifier):
     """
 
     has_branching_law = True
-    uses_branching_columns = True
 
     def solve(self, p, q, tokens, counts, generator) -> int:
         k = int(counts.sum())
