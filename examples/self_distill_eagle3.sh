@@ -21,7 +21,9 @@ MAX_NEW=${MAX_NEW:-512}
 STEPS=${STEPS:-"regenerate prepare train evaluate ship"}
 HF=${HF:-"python -m hf_treespec.cli"}   # or `hf-treespec` when installed
 if python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-    DTYPE=bf16; BATCH=${BATCH:-128}; BATCH_TOKENS=65536; CHUNK=512; TRAIN_BATCH=16; THREADS_OPT=""
+    # one generate call of 768 sequences: a 135M target leaves an H100 idle at small batches (4 processes x 128 ran
+    # ~105 ms a step each, taking turns); the KV cache of 768 x 1.5k tokens is ~26 GB
+    DTYPE=bf16; BATCH=${BATCH:-768}; BATCH_TOKENS=65536; CHUNK=768; TRAIN_BATCH=16; THREADS_OPT=""
     PRECISION=bf16
 else
     # CPUs without avx512_bf16 run bf16 matmuls slowly: fp32 is the fast dtype there

@@ -156,3 +156,29 @@ def test_steps_decay_as_eagle3_weighs_them():
     assert torch.allclose(trainer.item_weights(depth), torch.tensor([1.0, 0.8, 0.64, 0.8 ** 6]))
     trainer.args = TTTConfig(output_dir="unused", step_decay=1.0)
     assert trainer.item_weights(depth) is None
+
+
+@pytest.mark.parametrize("steps", [3, 7])
+def test_a_training_loss_reads_the_device_a_few_times_whatever_the_depth(target, talf_data, tmp_path, steps):  # noqa: F811
+    """On a GPU each device -> host read stalls the step. The loss of a TTT micro-batch (trees + a chain of
+    ``steps`` passes) reads: the level bounds once, the two loss masks once each (they size the scored items), and
+    transformers' padding check twice; its metrics stay on the device until a log step, so the count does not grow
+    with the depth. Before, every depth's metrics cost reads (47 at 7 steps)."""
+    from hf_treespec.sync_counter import SyncCounter
+    from hf_treespec.trainers.ttt import TTTConfig, TTTTrainer
+    from test_trainers import _args
+
+    drafter = make_drafter(target)
+    trainer = TTTTrainer(drafter, _args(TTTConfig, tmp_path, ttt_steps=steps), target_model=target,
+                         train_dataset=talf_data)
+    batch = trainer.data_collator([talf_data.dataset[i] for i in range(2)])
+    assert batch["level_bounds"].shape[0] == steps - 1
+    trainer.compute_loss(trainer.model, batch)  # memoises the drafter's vocabulary check (once per drafter)
+    with SyncCounter(drafter, target, trainer.target_head) as counter:
+        counter.mark(*(value for value in batch.values() if isinstance(value, torch.Tensor)))
+        trainer.compute_loss(trainer.model, batch)
+    assert counter.reads <= 5, [event for event in counter.events if event.kind == "read"]
+    # the metrics of both micro-batches reach the log, per depth, as host numbers
+    logs = {}
+    trainer.log(logs)
+    assert isinstance(logs["top1_d1"], float) and f"ce_d{steps}" in logs

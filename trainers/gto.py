@@ -40,7 +40,8 @@ from hf_treespec.tree import DraftTree, Regime
 
 from .collators import DrafterCollator
 from .losses import soft_cross_entropy
-from .trainer import DrafterTrainer, DrafterTrainingArguments, _add
+from .metrics import BatchMetrics
+from .trainer import DrafterTrainer, DrafterTrainingArguments
 from .tree_rollout import grow_drafter_trees, score_trees
 from .unroll import TreeLevels, unroll
 
@@ -302,7 +303,7 @@ class GTOTrainer(DrafterTrainer):
         groups, m = positions.shape
         rows = row_index[:, None].expand(-1, m).reshape(-1)
         roots = positions.reshape(-1)
-        metrics: dict[str, list] = {}
+        metrics = BatchMetrics()
         levels = None
         if groups:
             count = rows.numel()
@@ -320,11 +321,13 @@ class GTOTrainer(DrafterTrainer):
             nodes = [longest_accepted(tree, acc.greedy) for tree, acc in zip(scored, accept)]
             accepted = torch.tensor([int(tree.depth[node]) for tree, node in zip(scored, nodes)])
             reward, lengths = rewards[:count], accepted[:count]
-            metrics.update(reward=_add(None, reward), accepted_length=_add(None, lengths.float()))
+            metrics.add("reward", reward)
+            metrics.add("accepted_length", lengths.float())
             if args.debias:
                 debiased = reward - rewards[count:]
-                metrics.update(ref_reward=_add(None, rewards[count:]), debiased_reward=_add(None, debiased),
-                               ref_accepted_length=_add(None, accepted[count:].float()))
+                metrics.add("ref_reward", rewards[count:])
+                metrics.add("debiased_reward", debiased)
+                metrics.add("ref_accepted_length", accepted[count:].float())
             advantages = group_advantages((debiased if args.debias else reward).view(groups, m), args.advantage_eps)
             paths = torch.zeros(count, max(int(lengths.max()), 1), dtype=torch.long)
             for i, (tree, node) in enumerate(zip(trees, nodes)):
@@ -335,7 +338,7 @@ class GTOTrainer(DrafterTrainer):
         mask = inputs["context_mask"]
         logp = self.target_logp(model, inputs["label_hidden"][mask])
         ce = soft_cross_entropy(logp, out.context_logits[mask])
-        metrics["token_ce"] = _add(None, ce)
+        metrics.add("token_ce", ce)
         gto_sum = out.context_logits.sum() * 0.0
         if groups:
             chains = (rows, roots - 1, local, paths, lengths)
@@ -346,11 +349,11 @@ class GTOTrainer(DrafterTrainer):
             objective, clipped = clipped_surrogate(ratio.view(groups, m), advantages.to(ratio.device),
                                                    args.clip_epsilon)
             gto_sum = -objective.mean(-1).sum()
-            metrics["clip_fraction"] = _add(None, clipped.float())
-            metrics["ratio"] = _add(None, ratio.detach())
-            metrics["gto_loss"] = [float(gto_sum.detach()), groups]
+            metrics.add("clip_fraction", clipped.float())
+            metrics.add("ratio", ratio)
+            metrics.add("gto_loss", gto_sum, groups)
         return {"token_sum": ce.sum(), "token_items": ce.numel(), "gto_sum": gto_sum, "groups": groups,
-                "metrics": {key: (float(v[0]), int(v[1])) for key, v in metrics.items()},
+                "metrics": metrics,
                 "advantages": advantages if groups else None, "chains": (levels, *chains) if groups else None}
 
 

@@ -19,7 +19,7 @@ from transformers import PreTrainedModel, Trainer, TrainingArguments
 
 from .collators import DrafterCollator, EAGLECollator, HASSCollator, TALFCollator
 from .data import PreparedData
-from .metrics import MetricsMixin
+from .metrics import BatchMetrics, MetricsMixin
 from .time_budget import TimeBudgetCallback, WallClock, check_time_budget, time_budget_scheduler
 from .losses import TargetHead, feature_regression, soft_cross_entropy, top1_agreement, topk_distillation
 from .unroll import TreeLevels, UnrollOutput, unroll
@@ -179,21 +179,23 @@ class DrafterTrainer(MetricsMixin, Trainer):
     # ------------------------------------------------------------------------------------------- loss plumbing
     def objective(self, model, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, dict]:
         """``(sum of per-item losses, number of items, {metric: (sum, count)})`` for one micro-batch: the unroll,
-        then :meth:`item_loss` over every scored part (context positions, tree nodes), plus per-depth top-1."""
+        then :meth:`item_loss` over every scored part (context positions, tree nodes), plus per-depth top-1. The
+        metrics stay on the device (read once per log step, :mod:`.metrics`)."""
         levels = TreeLevels.from_batch(inputs)
         out = self.run_unroll(model, inputs, levels)
-        total, metrics, items = 0.0, {}, 0
+        total, items = 0.0, 0
+        metrics = BatchMetrics(deepest=1 + (levels.bounds.shape[0] if levels is not None else 0))
         for logits, hidden, labels, nexts, depth in zip(*self.scored(out, inputs, levels)):
             if logits.shape[0] == 0:
                 continue
             logp = self.target_logp(model, labels)
             total = total + self.item_loss(model, logp, logits, hidden, nexts, depth, metrics).sum()
             items += logits.shape[0]
-            self.depth_metrics(metrics, "top1", top1_agreement(logp, logits.detach()), depth)
-        return _as_loss(total, model), torch.tensor(items), _finalise(metrics)
+            metrics.add_by_depth("top1", top1_agreement(logp, logits.detach()), depth)
+        return _as_loss(total, model), torch.tensor(items), metrics
 
     def item_loss(self, model, logp: torch.Tensor, logits: torch.Tensor, hidden: torch.Tensor,
-                  next_states: torch.Tensor | None, depth: torch.Tensor, metrics: dict) -> torch.Tensor:
+                  next_states: torch.Tensor | None, depth: torch.Tensor, metrics: BatchMetrics) -> torch.Tensor:
         """``[items]`` loss of one scored part (``logp``: target log-probs, ``logits``: the drafter's, ``hidden``:
         its features, ``next_states``: the target states its features regress to, None for tree nodes without
         them); adds its own metrics to ``metrics``."""
@@ -218,17 +220,9 @@ class DrafterTrainer(MetricsMixin, Trainer):
 
     def target_logp(self, model, hidden: torch.Tensor) -> torch.Tensor:
         """Target log-probs over the drafter's vocabulary from pre-norm states."""
-        d2t = self.drafter(model).d2t
-        identity = d2t.numel() == self.target_head.lm_head.weight.shape[0] and bool(
-            (d2t == torch.arange(d2t.numel(), device=d2t.device)).all())
-        return self.target_head.log_probs(hidden, None if identity else d2t)
-
-    @staticmethod
-    def depth_metrics(metrics: dict, name: str, values: torch.Tensor, depth: torch.Tensor) -> None:
-        """Accumulates ``name`` per token depth (1 = the first drafted token)."""
-        for d in depth.unique().tolist():
-            key = f"{name}_d{d}"
-            metrics[key] = _add(metrics.get(key), values[depth == d])
+        drafter = self.drafter(model)
+        identity = drafter.d2t.numel() == self.target_head.lm_head.weight.shape[0] and drafter.has_identity_vocab()
+        return self.target_head.log_probs(hidden, None if identity else drafter.d2t)
 
     def run_unroll(self, model, inputs, levels: TreeLevels | None) -> UnrollOutput:
         return unroll(model, inputs["input_ids"], inputs["target_hidden_states"], inputs["attention_mask"], levels)
@@ -237,26 +231,37 @@ class DrafterTrainer(MetricsMixin, Trainer):
         """Flattened (draft logits, drafter features, label states, next-feature states, depth) of all scored items;
         node labels come from ``node_label_hidden`` (TALF) or the context arrays at ``root + depth`` (HASS)."""
         mask = inputs["context_mask"]
-        logits, hidden = [out.context_logits[mask]], [out.context_hidden[mask]]
-        labels, nexts = [inputs["label_hidden"][mask]], [inputs["next_hidden_states"][mask]]
-        depth = [torch.ones(int(mask.sum()), dtype=torch.long, device=mask.device)]
+        picked = _flat_index(mask)  # one read of the mask for all four arrays
+        logits, hidden = [_pick(out.context_logits, picked)], [_pick(out.context_hidden, picked)]
+        labels, nexts = [_pick(inputs["label_hidden"], picked)], [_pick(inputs["next_hidden_states"], picked)]
+        depth = [torch.ones_like(picked)]
         if levels is not None and out.node_logits is not None:
-            node_mask = inputs["node_loss_mask"]
-            logits.append(out.node_logits[node_mask])
-            hidden.append(out.node_hidden[node_mask])
+            picked = _flat_index(inputs["node_loss_mask"])
+            logits.append(_pick(out.node_logits, picked))
+            hidden.append(_pick(out.node_hidden, picked))
             if "node_label_hidden" in inputs:
-                labels.append(inputs["node_label_hidden"][node_mask])
+                labels.append(_pick(inputs["node_label_hidden"], picked))
                 nexts.append(None)
             else:
                 index = (levels.roots + levels.depth).clamp(max=mask.shape[1] - 1)
-                labels.append(_gather(inputs["label_hidden"], index)[node_mask])
-                nexts.append(_gather(inputs["next_hidden_states"], index)[node_mask])
-            depth.append(levels.depth[node_mask] + 1)
+                labels.append(_pick(_gather(inputs["label_hidden"], index), picked))
+                nexts.append(_pick(_gather(inputs["next_hidden_states"], index), picked))
+            depth.append(_pick(levels.depth, picked) + 1)
         return logits, hidden, labels, nexts, depth
 
 
 def _gather(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return values.gather(1, index[..., None].expand(-1, -1, values.shape[-1]))
+
+
+def _flat_index(mask: torch.Tensor) -> torch.Tensor:
+    """Flat indices of a ``[B, N]`` mask's True entries (the one host read that sizes the scored items)."""
+    return mask.flatten().nonzero().squeeze(1)
+
+
+def _pick(values: torch.Tensor, flat_index: torch.Tensor) -> torch.Tensor:
+    """``values[mask]`` for ``values [B, N, ...]`` given ``_flat_index(mask)``: a gather, no further read."""
+    return values.flatten(0, 1).index_select(0, flat_index)
 
 
 def check_launch(args: TrainingArguments) -> None:
@@ -293,8 +298,8 @@ class EAGLETrainer(DrafterTrainer):
         feat = feature_regression(hidden, feature_target)
         loss = self.args.ce_weight * ce + self.args.feature_weight * feat
         loss = loss + self.extra_terms(logp, logits, metrics)
-        metrics["ce"] = _add(metrics.get("ce"), ce)
-        metrics["feature_loss"] = _add(metrics.get("feature_loss"), feat)
+        metrics.add("ce", ce)
+        metrics.add("feature_loss", feat)
         return loss
 
     def extra_terms(self, logp, logits, metrics) -> torch.Tensor | float:
@@ -315,7 +320,7 @@ class HASSTrainer(EAGLETrainer):
 
     def extra_terms(self, logp, logits, metrics):
         distill = topk_distillation(logp, logits, self.args.distill_topk)
-        metrics["topk_loss"] = _add(metrics.get("topk_loss"), distill)
+        metrics.add("topk_loss", distill)
         return self.args.distill_weight * distill
 
 
@@ -331,22 +336,13 @@ class TALFTrainer(DrafterTrainer):
 
     def item_loss(self, model, logp, logits, hidden, next_states, depth, metrics):
         ce = soft_cross_entropy(logp, logits)
-        self.depth_metrics(metrics, "ce", ce.detach(), depth)
+        metrics.add_by_depth("ce", ce, depth)
         weights = self.item_weights(depth)  # the EAGLE-3 training-time test may decay deep items
         return ce if weights is None else ce * weights
 
     def item_weights(self, depth: torch.Tensor) -> torch.Tensor | None:
         """Per-item loss weights by token depth (None = all 1; the EAGLE-3 training-time test may decay them)."""
         return None
-
-
-def _add(entry, values: torch.Tensor):
-    total, count = entry if entry is not None else (0.0, 0)
-    return [total + float(values.detach().sum()), count + int(values.numel())]
-
-
-def _finalise(metrics: dict) -> dict[str, tuple[float, int]]:
-    return {key: (float(value[0]), int(value[1])) for key, value in metrics.items()}
 
 
 def _as_loss(total, model) -> torch.Tensor:

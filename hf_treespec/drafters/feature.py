@@ -269,13 +269,13 @@ class TreeSpecDrafterModel(PreTrainedModel):
 
     def target_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft logits ``[..., draft_vocab_size]`` -> ``[..., vocab_size]``, -inf outside the draft vocabulary."""
-        if self._identity_vocab():
+        if self.has_identity_vocab():
             return logits
         out = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
         out[..., self.d2t.to(logits.device)] = logits
         return out
 
-    def _identity_vocab(self) -> bool:
+    def has_identity_vocab(self) -> bool:
         """Whether draft index i is target id i for every id (full vocabulary, natural order); memoised per d2t."""
         key = (self.d2t.data_ptr(), self.d2t._version)
         cached = self._memo.get("identity")
@@ -315,7 +315,7 @@ class TreeSpecDrafterModel(PreTrainedModel):
         if head is None:
             raise self._missing_target("LM head")
         weight = head.weight
-        if not self._identity_vocab() or weight.dtype != hidden_states.dtype:
+        if not self.has_identity_vocab() or weight.dtype != hidden_states.dtype:
             weight = self._shared_head_weight(weight, hidden_states.dtype)
         return F.linear(hidden_states, weight)
 
@@ -327,7 +327,7 @@ class TreeSpecDrafterModel(PreTrainedModel):
         key = (weight.data_ptr(), weight._version, self.d2t.data_ptr(), self.d2t._version, dtype)
         cached = self._memo.get("head_weight")
         if cached is None or cached[0] != key:
-            rows = weight.detach() if self._identity_vocab() else weight.detach().index_select(
+            rows = weight.detach() if self.has_identity_vocab() else weight.detach().index_select(
                 0, self.d2t.to(weight.device))
             cached = self._memo["head_weight"] = (key, rows.to(dtype))
         return cached[1]
