@@ -357,6 +357,79 @@ def test_ancestor_mask_matches_the_draft_tree():
         assert torch.equal(mask[b], forest.ancestor_mask()[1:, 1:])
 
 
+def _layout_by_node(rows):
+    """The padded node layout built one node at a time: the reference the vectorised ``TreeLevels.from_rows`` must
+    equal (slots: within a depth, each row's nodes in listed order after the row's shallower levels' widths)."""
+    levels = max((node[3] for row in rows for node in row), default=0)
+    widths = [max(sum(1 for node in row if node[3] == d) for row in rows) for d in range(1, levels + 1)]
+    starts = [sum(widths[:i]) for i in range(levels)]
+    out = {key: torch.full((len(rows), sum(widths)), fill, dtype=torch.long)
+           for key, fill in (("tokens", 0), ("parents", -1), ("roots", 0), ("depth", 0), ("valid", 0))}
+    slots = []
+    for b, row in enumerate(rows):
+        fill, slot_of = list(starts), []
+        for token, parent, root, depth in row:
+            slot_of.append(fill[depth - 1])
+            fill[depth - 1] += 1
+            for key, value in (("tokens", token), ("parents", slot_of[parent] if parent >= 0 else -1),
+                               ("roots", root), ("depth", depth), ("valid", 1)):
+                out[key][b, slot_of[-1]] = value
+        slots.append(slot_of)
+    return out, slots
+
+
+def _random_forest_rows(rng, count=4):
+    rows = []
+    for _ in range(count):
+        nodes = []
+        for _ in range(rng.randint(0, 12)):
+            shallower = [j for j, node in enumerate(nodes) if node[3] < 4]
+            parent = rng.choice([-1] + shallower)
+            nodes.append((rng.randrange(50), parent, rng.randrange(9), 1 if parent < 0 else nodes[parent][3] + 1))
+        rows.append(nodes)
+    return rows
+
+
+def test_node_layout_equals_the_node_by_node_reference():
+    rng = random.Random(11)
+    for _ in range(20):
+        rows = _random_forest_rows(rng)
+        levels, slots = TreeLevels.from_rows(rows)
+        expected, expected_slots = _layout_by_node(rows)
+        for key, value in expected.items():
+            assert torch.equal(getattr(levels, key).long(), value), key
+        assert [slot.tolist() for slot in slots] == expected_slots
+    for bad in ([(1, -1, 0, 2), (2, 0, 0, 2)], [(1, 1, 0, 1), (2, -1, 0, 1)], [(1, -1, 0, 0)]):
+        with pytest.raises(ValueError, match="parents first"):  # wrong depth step, parent listed later, depth 0
+            TreeLevels.from_rows([bad])
+
+
+def test_stored_trees_unpack_to_their_nodes():
+    """A prepared row's stored trees (root first, parents by local index) -> non-root nodes with depths and
+    renumbered parents, as the node-by-node loop computed them; a parent after its node is refused by name."""
+    from hf_treespec.trainers.collators import stored_tree_nodes
+
+    rng = random.Random(3)
+    row = {"tree_roots": [], "tree_tokens": [], "tree_parents": []}
+    expected = []
+    for position in (4, 9, 17):
+        size = rng.randint(1, 9)
+        parents = [-1] + [rng.randrange(i) for i in range(1, size)]
+        tokens = [rng.randrange(50) for _ in range(size)]
+        base, depth = len(expected), [0] * size
+        for i in range(1, size):
+            depth[i] = depth[parents[i]] + 1
+            expected.append((tokens[i], base + parents[i] - 1 if parents[i] > 0 else -1, position - 1, depth[i]))
+        row["tree_roots"].append(position)
+        row["tree_tokens"].append(tokens)
+        row["tree_parents"].append(parents)
+    nodes = stored_tree_nodes(row)
+    assert torch.stack(nodes, 1).tolist() == [list(node) for node in expected]
+    row["tree_tokens"][1], row["tree_parents"][1] = [5, 6, 7], [-1, 2, 0]  # node 1's parent is node 2
+    with pytest.raises(ValueError, match="must precede"):
+        stored_tree_nodes(row)
+
+
 def test_time_budget_schedule_follows_the_clock():
     from hf_treespec.trainers.time_budget import time_budget_factor
 

@@ -128,29 +128,48 @@ class TALFCollator(DrafterCollator):
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         batch = self.context_batch(rows)
-        node_rows, hidden_rows = [], []
-        for row in rows:
-            nodes: list[tuple[int, int, int, int]] = []
-            for position, tokens, parents in zip(row["tree_roots"], row["tree_tokens"], row["tree_parents"]):
-                base, depth = len(nodes), [0] * len(tokens)
-                for i in range(1, len(tokens)):
-                    parent = parents[i]
-                    if not 0 <= parent < i:
-                        raise ValueError(f"stored tree parents must precede their nodes, got {parents}.")
-                    depth[i] = depth[parent] + 1
-                    nodes.append((tokens[i], base + parent - 1 if parent > 0 else -1, position - 1, depth[i]))
-            node_rows.append(nodes)
-            hidden = decode_tensor(row["tree_hidden"], self.dtype, self.hidden_size)
-            if hidden.shape[0] != len(nodes):
-                raise ValueError(f"row has {len(nodes)} tree nodes but {hidden.shape[0]} stored label states.")
-            hidden_rows.append(hidden)
-        levels, slots = TreeLevels.from_rows(node_rows)
+        node_rows = [stored_tree_nodes(row) for row in rows]
+        levels, slots = TreeLevels.from_arrays(node_rows)
         node_hidden = torch.zeros(len(rows), levels.tokens.shape[1], self.hidden_size, dtype=self.dtype)
-        for b, (slot, hidden) in enumerate(zip(slots, hidden_rows)):
-            if slot:
-                node_hidden[b, torch.tensor(slot)] = hidden
+        for b, (row, slot) in enumerate(zip(rows, slots)):
+            hidden = decode_tensor(row["tree_hidden"], self.dtype, self.hidden_size)
+            if hidden.shape[0] != slot.numel():
+                raise ValueError(f"row has {slot.numel()} tree nodes but {hidden.shape[0]} stored label states.")
+            node_hidden[b, slot] = hidden
         batch.update(levels.to_batch())
         batch["node_label_hidden"] = node_hidden
         batch["node_loss_mask"] = levels.valid.clone()
         batch["labels"] = torch.where(torch.cat([batch["context_mask"], levels.valid], 1), 1, -100)
         return batch
+
+
+def stored_tree_nodes(row: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(tokens, parents, roots, depth)`` of the non-root nodes of a prepared row's stored trees, in stored order:
+    ``parents`` index this list (-1 = the tree's root), ``roots`` is the root's drafter position (its sequence
+    position - 1), ``depth`` >= 1. Depths come from the parent pointers by pointer jumping, one tensor op per level."""
+    sizes = torch.tensor([len(tokens) for tokens in row["tree_tokens"]], dtype=torch.long)
+    if int(sizes.sum()) == 0:
+        empty = torch.zeros(0, dtype=torch.long)
+        return empty, empty, empty, empty
+    tokens = torch.tensor([t for tree in row["tree_tokens"] for t in tree], dtype=torch.long)
+    local_parent = torch.tensor([q for tree in row["tree_parents"] for q in tree], dtype=torch.long)
+    tree = torch.repeat_interleave(torch.arange(sizes.numel()), sizes)
+    first = (sizes.cumsum(0) - sizes)[tree]  # each node's tree root, as an index into this row's nodes
+    local = torch.arange(tokens.numel()) - first
+    is_root = local == 0
+    bad = ~is_root & ((local_parent < 0) | (local_parent >= local))
+    if bool(bad.any()):
+        raise ValueError(f"stored tree parents must precede their nodes, got {row['tree_parents'][int(tree[bad][0])]}.")
+    parent = torch.where(is_root, first, first + local_parent)
+    depth = torch.zeros_like(local)
+    for _ in range(int(sizes.max())):  # a parent precedes its child: one more level settles per pass
+        deeper = torch.where(is_root, 0, depth[parent] + 1)
+        if torch.equal(deeper, depth):
+            break
+        depth = deeper
+    kept = ~is_root
+    renumbered = kept.long().cumsum(0) - 1  # index among the non-root nodes
+    parents = torch.where(is_root[parent], -1, renumbered[parent])
+    roots = torch.tensor(row["tree_roots"], dtype=torch.long)[tree] - 1
+    return tokens[kept], parents[kept], roots[kept], depth[kept]
+

@@ -19,7 +19,7 @@ import torch
 
 from .collators import TALFCollator, chain_levels
 from .trainer import TALFConfig, TALFTrainer
-from .unroll import TreeLevels
+from .unroll import TreeLevels, gather_positions
 
 #: ``--input-mode`` values of ``train prepare`` / ``train <objective>``
 INPUT_MODES = ("fc", "eagle3")
@@ -105,7 +105,7 @@ class TTTCollator(TALFCollator):
         chain = chain_levels(batch["input_ids"], batch["attention_mask"].sum(-1), self.steps - 1)
         index = (chain.roots + chain.depth).clamp(max=batch["input_ids"].shape[1] - 1)
         chain_mask = chain.valid & batch["context_mask"].gather(1, index)
-        chain_labels = batch["label_hidden"].gather(1, index[..., None].expand(-1, -1, self.hidden_size))
+        chain_labels = gather_positions(batch["label_hidden"], index)
         if has_trees:
             trees = TreeLevels.from_batch(batch)
             levels, chain_slots, tree_slots = merge_levels(chain, trees)

@@ -55,34 +55,47 @@ class TreeLevels:
         return dict(zip(LEVEL_KEYS, (self.tokens, self.parents, self.roots, self.depth, self.valid, self.bounds)))
 
     @classmethod
-    def from_rows(cls, rows: list[list[tuple[int, int, int, int]]]) -> tuple["TreeLevels", list[list[int]]]:
+    def from_rows(cls, rows: list[list[tuple[int, int, int, int]]]) -> tuple["TreeLevels", list[torch.Tensor]]:
         """Builds the padded layout from per-row node lists ``(token, parent, root, depth)`` (parents index the same
         row's list, -1 = the tree root; parents must come before their children). Also returns, per row, the slot
         each listed node landed in."""
-        depths = [[node[3] for node in row] for row in rows]
-        num_levels = max((max(d) for d in depths if d), default=0)
-        widths = [max(sum(1 for x in d if x == level) for d in depths) for level in range(1, num_levels + 1)]
-        starts = [sum(widths[:i]) for i in range(num_levels)]
-        size, batch = sum(widths), len(rows)
+        return cls.from_arrays([torch.tensor(row, dtype=torch.long).reshape(-1, 4).unbind(1) for row in rows])
+
+    @classmethod
+    def from_arrays(cls, rows: list[tuple[torch.Tensor, ...]]) -> tuple["TreeLevels", list[torch.Tensor]]:
+        """:meth:`from_rows` for rows given as ``(tokens, parents, roots, depth)`` tensors of their nodes: slots are
+        computed per row with tensor ops (a collator builds thousands of nodes per batch; no Python loop over them).
+        Within a depth, a row's nodes keep their listed order."""
+        depths = [row[3] for row in rows]
+        num_levels = max((int(d.max()) for d in depths if d.numel()), default=0)
+        counts = torch.stack([torch.bincount(d.clamp(min=0), minlength=num_levels + 1)[1:] for d in depths]) \
+            if rows and num_levels else torch.zeros(len(rows), 0, dtype=torch.long)
+        widths = counts.max(0).values if len(rows) else torch.zeros(0, dtype=torch.long)
+        starts = widths.cumsum(0) - widths
+        size, batch = int(widths.sum()), len(rows)
         tokens = torch.zeros(batch, size, dtype=torch.long)
         parents = torch.full((batch, size), -1, dtype=torch.long)
         roots = torch.zeros(batch, size, dtype=torch.long)
         depth = torch.zeros(batch, size, dtype=torch.long)
         valid = torch.zeros(batch, size, dtype=torch.bool)
-        slots: list[list[int]] = []
-        for b, row in enumerate(rows):
-            fill = list(starts)
-            slot_of: list[int] = []
-            for token, parent, root, level in row:
-                if parent >= len(slot_of) or (parent >= 0 and row[parent][3] != level - 1) or level < 1:
-                    raise ValueError("tree nodes must list parents first, one depth apart, with depth >= 1.")
-                slot = fill[level - 1]
-                fill[level - 1] += 1
-                slot_of.append(slot)
-                tokens[b, slot], roots[b, slot], depth[b, slot], valid[b, slot] = token, root, level, True
-                parents[b, slot] = slot_of[parent] if parent >= 0 else -1
-            slots.append(slot_of)
-        bounds = torch.tensor([[s, s + w] for s, w in zip(starts, widths)], dtype=torch.long).reshape(-1, 2)
+        slots: list[torch.Tensor] = []
+        for b, (token, parent, root, level) in enumerate(rows):  # a loop over batch rows, not nodes
+            count = level.numel()
+            index = torch.arange(count)
+            has_parent = parent >= 0
+            parent_level = level[parent.clamp(min=0, max=max(count - 1, 0))] if count else level
+            if count and (bool((level < 1).any()) or bool((parent >= index).any())
+                          or bool((has_parent & (parent_level != level - 1)).any())):
+                raise ValueError("tree nodes must list parents first, one depth apart, with depth >= 1.")
+            order = torch.sort(level, stable=True).indices  # nodes by depth, listed order within a depth
+            first_of_level = counts[b].cumsum(0) - counts[b]
+            rank = torch.empty_like(index)
+            rank[order] = index - first_of_level[level[order] - 1]
+            slot = starts[level - 1] + rank if count else index
+            tokens[b, slot], roots[b, slot], depth[b, slot], valid[b, slot] = token, root, level, True
+            parents[b, slot] = torch.where(has_parent, slot[parent.clamp(min=0)], parent) if count else parent
+            slots.append(slot)
+        bounds = torch.stack([starts, starts + widths], 1) if num_levels else torch.zeros(0, 2, dtype=torch.long)
         return cls(tokens, parents, roots, depth, valid, bounds), slots
 
     def ancestors(self) -> torch.Tensor:
@@ -141,9 +154,9 @@ def unroll(
     for start, stop in levels.bounds.tolist():
         sl = slice(start, stop)
         parents, roots = levels.parents[:, sl], levels.roots[:, sl]
-        from_root = _gather(context.hidden_states, roots)
+        from_root = gather_positions(context.hidden_states, roots)
         if hidden_parts:
-            from_node = _gather(torch.cat(hidden_parts, dim=1), parents.clamp(min=0))
+            from_node = gather_positions(torch.cat(hidden_parts, dim=1), parents.clamp(min=0))
             parent_features = torch.where((parents < 0)[..., None], from_root, from_node)
         else:
             parent_features = from_root
@@ -156,6 +169,10 @@ def unroll(
     return UnrollOutput(context.logits, context.hidden_states, torch.cat(logit_parts, 1), torch.cat(hidden_parts, 1))
 
 
-def _gather(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``values[b, index[b, i]]`` for ``values [B, N, H]`` and ``index [B, M]``."""
-    return values.gather(1, index[..., None].expand(-1, -1, values.shape[-1]))
+def gather_positions(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``values[b, index[b, i]]`` for ``values [B, N, H]`` and ``index [B, M]``: one ``index_select`` over the
+    flattened rows (on a CPU 4-6x faster than ``gather`` with an expanded index, which reads the index per element)."""
+    rows, width = values.shape[:2]
+    offsets = torch.arange(rows, device=index.device)[:, None] * width
+    flat = values.flatten(0, 1).index_select(0, (index + offsets).flatten())
+    return flat.view(*index.shape, *values.shape[2:])
