@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 import re
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -159,9 +158,7 @@ def stand_ins(monkeypatch, tmp_path, drafter_folder):
 
 @pytest.mark.parametrize("code", python_blocks())
 def test_python_block_runs(code, stand_ins, request):
-    start = time.perf_counter()
     exec(compile(code, request.node.callspec.id, "exec"), {"__name__": "__docs__"})
-    assert REAL or time.perf_counter() - start < 15, "a documentation block should run in seconds on the stand-ins"
 
 
 # -------------------------------------------------------------------------------------------- README checks
