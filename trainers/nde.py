@@ -35,7 +35,7 @@ from hf_treespec.policies.nde import (
     DelaySelectorConfig,
 )
 
-from .metrics import MetricsMixin
+from .metrics import BatchMetrics, MetricsMixin
 from .nde_dataset import NDEData
 from .small_model import SmallModelTrainerMixin
 from .trainer import pin_memory_field
@@ -235,6 +235,9 @@ class NDETrainer(MetricsMixin, SmallModelTrainerMixin, Trainer):
         logits = model(inputs["scalars"], **hidden)
         loss, stats = throughput_objective(logits, inputs["block_efficiency"], inputs["seconds"], inputs["baseline"],
                                            self.args.penalty_weight, self.args.penalty_fraction)
-        self.record(model, {key: (float(values.sum()), int(values.numel())) for key, values in stats.items()})
+        metrics = BatchMetrics()
+        for key, values in stats.items():
+            metrics.add(key, values)
+        self.record(model, metrics)
         return (loss, {"logits": logits.detach()}) if return_outputs else loss
 
