@@ -333,19 +333,23 @@ def test_resume_from_checkpoint_reproduces_the_run(target, talf_data, tmp_path):
     torch.testing.assert_close(resumed, full, atol=1e-5, rtol=1e-4)
 
 
-def test_ancestor_mask_matches_the_draft_tree():
-    """The unroll's ancestor mask (built where the batch lives, level by level) equals DraftTree's on random forests."""
-    from hf_treespec.tree import DraftTree
-
-    rng = random.Random(5)
+def _random_forest_rows(rng, count=4):
     rows = []
-    for _ in range(4):
+    for _ in range(count):
         nodes = []
         for _ in range(rng.randint(0, 12)):
             shallower = [j for j, node in enumerate(nodes) if node[3] < 4]
             parent = rng.choice([-1] + shallower)
-            nodes.append((rng.randrange(50), parent, 0, 1 if parent < 0 else nodes[parent][3] + 1))
+            nodes.append((rng.randrange(50), parent, rng.randrange(9), 1 if parent < 0 else nodes[parent][3] + 1))
         rows.append(nodes)
+    return rows
+
+
+def test_ancestor_mask_matches_the_draft_tree():
+    """The unroll's ancestor mask (built where the batch lives, level by level) equals DraftTree's on random forests."""
+    from hf_treespec.tree import DraftTree
+
+    rows = _random_forest_rows(random.Random(5))
     levels, _ = TreeLevels.from_rows(rows)
     mask = levels.ancestors()
     for b in range(len(rows)):
@@ -376,18 +380,6 @@ def _layout_by_node(rows):
                 out[key][b, slot_of[-1]] = value
         slots.append(slot_of)
     return out, slots
-
-
-def _random_forest_rows(rng, count=4):
-    rows = []
-    for _ in range(count):
-        nodes = []
-        for _ in range(rng.randint(0, 12)):
-            shallower = [j for j, node in enumerate(nodes) if node[3] < 4]
-            parent = rng.choice([-1] + shallower)
-            nodes.append((rng.randrange(50), parent, rng.randrange(9), 1 if parent < 0 else nodes[parent][3] + 1))
-        rows.append(nodes)
-    return rows
 
 
 def test_node_layout_equals_the_node_by_node_reference():

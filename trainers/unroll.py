@@ -80,20 +80,22 @@ class TreeLevels:
         valid = torch.zeros(batch, size, dtype=torch.bool)
         slots: list[torch.Tensor] = []
         for b, (token, parent, root, level) in enumerate(rows):  # a loop over batch rows, not nodes
-            count = level.numel()
-            index = torch.arange(count)
+            index = torch.arange(level.numel())
+            if index.numel() == 0:
+                slots.append(index)
+                continue
             has_parent = parent >= 0
-            parent_level = level[parent.clamp(min=0, max=max(count - 1, 0))] if count else level
-            if count and (bool((level < 1).any()) or bool((parent >= index).any())
-                          or bool((has_parent & (parent_level != level - 1)).any())):
+            parent_level = level[parent.clamp(min=0, max=index.numel() - 1)]
+            if (bool((level < 1).any()) or bool((parent >= index).any())
+                    or bool((has_parent & (parent_level != level - 1)).any())):
                 raise ValueError("tree nodes must list parents first, one depth apart, with depth >= 1.")
             order = torch.sort(level, stable=True).indices  # nodes by depth, listed order within a depth
             first_of_level = counts[b].cumsum(0) - counts[b]
             rank = torch.empty_like(index)
             rank[order] = index - first_of_level[level[order] - 1]
-            slot = starts[level - 1] + rank if count else index
+            slot = starts[level - 1] + rank
             tokens[b, slot], roots[b, slot], depth[b, slot], valid[b, slot] = token, root, level, True
-            parents[b, slot] = torch.where(has_parent, slot[parent.clamp(min=0)], parent) if count else parent
+            parents[b, slot] = torch.where(has_parent, slot[parent.clamp(min=0)], parent)
             slots.append(slot)
         bounds = torch.stack([starts, starts + widths], 1) if num_levels else torch.zeros(0, 2, dtype=torch.long)
         return cls(tokens, parents, roots, depth, valid, bounds), slots
