@@ -154,6 +154,37 @@ def test_cache_continues_a_forward_under_both_keyword_names(target, input_mode):
         drafter(ids, feats, use_cache=True, cache=head.cache, past_key_values=head.cache)
 
 
+@pytest.mark.parametrize("input_mode", ["fc", "eagle3"])
+def test_add_layers_keeps_the_drafts_then_trains_the_new_layer(target, tmp_path, input_mode):
+    """A deepened drafter computes what it did (logits and the hidden states it drafts deeper levels from), saves and
+    loads at its new depth, drafts through a cache of that depth, and the new layer is trainable (not a dead branch)."""
+    drafter = make_drafter(target, target_layers=[1, 3], input_mode=input_mode)
+    ids, feats = torch.randint(0, VOCAB, (2, 7)), torch.randn(2, 7, 64)
+    before = drafter(ids, feats)
+    drafter.add_layers(3)
+    assert drafter.config.num_hidden_layers == 3 and len(drafter.layers) == 3
+    after = drafter(ids, feats)
+    torch.testing.assert_close(after.logits, before.logits)
+    torch.testing.assert_close(after.hidden_states, before.hidden_states)
+    head = drafter(ids[:, :4], feats[:, :4], use_cache=True)
+    assert len(head.cache.layers) == 3
+    tail = drafter(ids[:, 4:], feats[:, 4:], use_cache=True, cache=head.cache)
+    torch.testing.assert_close(tail.logits, before.logits[:, 4:], atol=1e-5, rtol=1e-5)
+    drafter.save_pretrained(tmp_path / "deep")
+    loaded = TreeSpecDrafterModel.from_pretrained(tmp_path / "deep").eval()
+    torch.testing.assert_close(loaded(ids, feats).logits, before.logits)
+    drafter.train()
+    optimizer = torch.optim.SGD(drafter.parameters(), lr=1.0)
+    for _ in range(2):  # step 1 moves the zeroed output projections, step 2 the rest of the new layer through them
+        optimizer.zero_grad()
+        F.cross_entropy(drafter(ids, feats).logits.flatten(0, 1), ids.flatten()).backward()
+        optimizer.step()
+    assert drafter.layers[2].self_attn.o_proj.weight.abs().sum() > 0
+    assert drafter.layers[2].self_attn.q_proj.weight.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="cannot remove layers"):
+        drafter.add_layers(1)
+
+
 # ----------------------------------------------------------------------------------------- sharing the target
 def test_shared_embeddings_and_head_are_not_saved(target, tmp_path):
     drafter = make_drafter(target, draft_vocab_size=40)

@@ -35,7 +35,9 @@ class DrafterRunArguments:
     input_mode: str = field(default="auto", metadata={
         "help": "new drafters: input layout (auto: eagle3 for data with several target layers, else fc)",
         "choices": ["auto", "fc", "eagle3"]})
-    num_layers: int | None = field(default=None, metadata={"help": "new drafters: decoder layers (default 1)"})
+    num_layers: int | None = field(default=None, metadata={
+        "help": "decoder layers of a new drafter (default 1); with --init, more than it has deepens it (the new "
+                "layers start as identities)"})
     precision: str = field(default="auto", metadata={
         "help": "auto: bf16 autocast where supported (CPUs with avx512_bf16, recent GPUs)",
         "choices": ["auto", "bf16", "fp32"]})
@@ -55,15 +57,18 @@ def add_trainer_parser(commands, name: str) -> None:
 
 
 def _check_init_shape(args, config) -> None:
-    """The shape flags only size new drafters: with ``--init`` they must agree with the loaded one, not be ignored."""
+    """The shape flags size new drafters: with ``--init`` they must agree with the loaded one, not be ignored (except
+    a larger ``--num-layers``, which deepens it: `TreeSpecDrafterModel.add_layers`)."""
+    deeper = args.num_layers is not None and args.num_layers > config.num_hidden_layers
     given = {"--draft-vocab-size": (args.draft_vocab_size, config.draft_vocab_size),
-             "--num-layers": (args.num_layers, config.num_hidden_layers),
+             "--num-layers": (None if deeper else args.num_layers, config.num_hidden_layers),
              "--input-mode": (None if args.input_mode == "auto" else args.input_mode, config.input_mode)}
     clashes = [f"{flag} {wanted} (it has {has})" for flag, (wanted, has) in given.items()
                if wanted is not None and wanted != has]
     if clashes:
         raise ValueError(f"--init {args.init} is a trained drafter, but {', '.join(clashes)} asks for another shape: "
-                         "these flags size new drafters only; drop them to train on from --init.")
+                         "these flags size new drafters only (a larger --num-layers deepens one); drop them to train "
+                         "on from --init.")
 
 
 def build_drafter(args, target, data):
@@ -76,6 +81,8 @@ def build_drafter(args, target, data):
             raise ValueError(f"--init reads target layers {drafter.config.target_layers}, but --data was prepared "
                              f"with {data.config.target_layers}.")
         _check_init_shape(args, drafter.config)
+        if args.num_layers is not None:
+            drafter.add_layers(args.num_layers)  # identity-initialised layers: training starts from --init's drafts
         return drafter.tie_to_target(target)
     vocab = target.config.get_text_config().vocab_size
     size = min(DRAFT_VOCAB_SIZE if args.draft_vocab_size is None else args.draft_vocab_size, vocab)

@@ -285,6 +285,31 @@ class TreeSpecDrafterModel(PreTrainedModel):
             cached = self._memo["identity"] = (key, identity)
         return cached[1]
 
+    # ---------------------------------------------------------------------------------------------------- depth
+    @torch.no_grad()
+    def add_layers(self, num_hidden_layers: int) -> "TreeSpecDrafterModel":
+        """Deepens a trained drafter to ``num_hidden_layers`` decoder layers without changing what it computes.
+
+        The new ``LlamaDecoderLayer`` s start with zero output projections (``o_proj``, ``down_proj``), so each is an
+        identity on the residual stream until training moves it: training on from a drafter with more layers starts
+        from that drafter's acceptance instead of a random deeper one. Returns ``self``.
+        """
+        have = self.config.num_hidden_layers
+        if num_hidden_layers < have:
+            raise ValueError(f"this drafter has {have} decoder layer(s); add_layers cannot remove layers "
+                             f"(asked for {num_hidden_layers}).")
+        reference = next(self.layers[0].parameters())
+        for index in range(have, num_hidden_layers):
+            layer = LlamaDecoderLayer(self.config, index)
+            for name, module in layer.named_modules():
+                if isinstance(module, nn.Linear):  # the model's own init, then the residual branch's outputs zeroed
+                    module.weight.normal_(0.0, self.config.initializer_range)
+                    if name.rsplit(".", 1)[-1] in ("o_proj", "down_proj"):
+                        module.weight.zero_()
+            self.layers.append(layer.to(device=reference.device, dtype=reference.dtype))
+        self.config.num_hidden_layers = num_hidden_layers
+        return self
+
     # ------------------------------------------------------------------------------------------------ forward
     def project_features(self, target_hidden_states: torch.Tensor) -> torch.Tensor:
         """Target hidden states ``[..., feature_size]`` -> drafter features ``[..., hidden_size]``."""
