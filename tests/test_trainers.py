@@ -526,10 +526,13 @@ def test_cli_prepare_train_evaluate(target, tokenizer, tmp_path, capsys):
         run("talf", "--data", str(tmp_path / "flat"), "--max-steps", "1", "--output-dir", str(tmp_path / "x"))
     with pytest.raises(ValueError, match=r"--draft-vocab-size 16 \(it has 32\)"):  # shape flags size new drafters
         run("talf", *common[:-1], "16", "--init", str(tmp_path / "eagle"), "--output-dir", str(tmp_path / "x"))
-    deep = run("talf", *common, "--num-layers", "2", "--init", str(tmp_path / "eagle"),  # a larger one deepens it
+    # a larger --num-layers deepens --init; a bf16 checkpoint (as shipped) still trains fp32 master weights
+    TreeSpecDrafterModel.from_pretrained(tmp_path / "eagle").to(torch.bfloat16).save_pretrained(tmp_path / "eagle16")
+    deep = run("talf", *common, "--num-layers", "2", "--init", str(tmp_path / "eagle16"),
                "--output-dir", str(tmp_path / "deep"))
     assert deep["steps"] == 2
-    assert TreeSpecDrafterModel.from_pretrained(tmp_path / "deep").config.num_hidden_layers == 2
+    saved = TreeSpecDrafterModel.from_pretrained(tmp_path / "deep")
+    assert saved.config.num_hidden_layers == 2 and saved.dtype == torch.float32
     saved = TreeSpecDrafterModel.from_pretrained(tmp_path / "talf")
     assert saved.config.draft_vocab_size == 32 and saved.config.share_target_lm_head  # head not stored
     result = run("evaluate", "--data", str(tmp_path / "dev"), "--drafter", str(tmp_path / "talf"))

@@ -73,10 +73,14 @@ def _check_init_shape(args, config) -> None:
 
 def build_drafter(args, target, data):
     """The drafter to train: ``--init`` loaded, or a new one sized from the target and the data's token counts."""
+    import torch
+
     from hf_treespec.drafters import TreeSpecDrafterConfig, TreeSpecDrafterModel, build_draft_vocab
 
     if args.init:
-        drafter = TreeSpecDrafterModel.from_pretrained(args.init)
+        # fp32 master weights whatever the checkpoint holds (the shipped drafter is bf16): optimizer updates below
+        # bf16's resolution would be lost, and mixed precision is the autocast of --precision, not the weights'
+        drafter = TreeSpecDrafterModel.from_pretrained(args.init, dtype=torch.float32)
         if drafter.config.target_layers != data.config.target_layers:
             raise ValueError(f"--init reads target layers {drafter.config.target_layers}, but --data was prepared "
                              f"with {data.config.target_layers}.")
