@@ -154,11 +154,13 @@ def test_cache_continues_a_forward_under_both_keyword_names(target, input_mode):
         drafter(ids, feats, use_cache=True, cache=head.cache, past_key_values=head.cache)
 
 
-@pytest.mark.parametrize("input_mode", ["fc", "eagle3"])
-def test_add_layers_keeps_the_drafts_then_trains_the_new_layer(target, tmp_path, input_mode):
+@pytest.mark.parametrize("overrides", [dict(input_mode="fc"), dict(input_mode="eagle3"),
+                                       dict(input_mode="eagle3", attention_bias=True, mlp_bias=True)],
+                         ids=["fc", "eagle3", "eagle3-biases"])
+def test_add_layers_keeps_the_drafts_then_trains_the_new_layer(target, tmp_path, overrides):
     """A deepened drafter computes what it did (logits and the hidden states it drafts deeper levels from), saves and
     loads at its new depth, drafts through a cache of that depth, and the new layer is trainable (not a dead branch)."""
-    drafter = make_drafter(target, target_layers=[1, 3], input_mode=input_mode)
+    drafter = make_drafter(target, target_layers=[1, 3], **overrides)
     ids, feats = torch.randint(0, VOCAB, (2, 7)), torch.randn(2, 7, 64)
     before = drafter(ids, feats)
     drafter.add_layers(3)

@@ -304,6 +304,8 @@ class TreeSpecDrafterModel(PreTrainedModel):
             for name, module in layer.named_modules():
                 if isinstance(module, nn.Linear):  # the model's own init, then the residual branch's outputs zeroed
                     module.weight.normal_(0.0, self.config.initializer_range)
+                    if module.bias is not None:
+                        module.bias.zero_()
                     if name.rsplit(".", 1)[-1] in ("o_proj", "down_proj"):
                         module.weight.zero_()
             self.layers.append(layer.to(device=reference.device, dtype=reference.dtype))
