@@ -301,13 +301,9 @@ class TreeSpecDrafterModel(PreTrainedModel):
         reference = next(self.layers[0].parameters())
         for index in range(have, num_hidden_layers):
             layer = LlamaDecoderLayer(self.config, index)
-            for name, module in layer.named_modules():
-                if isinstance(module, nn.Linear):  # the model's own init, then the residual branch's outputs zeroed
-                    module.weight.normal_(0.0, self.config.initializer_range)
-                    if module.bias is not None:
-                        module.bias.zero_()
-                    if name.rsplit(".", 1)[-1] in ("o_proj", "down_proj"):
-                        module.weight.zero_()
+            layer.apply(self._init_weights)  # the model's own init (normal weights, zero biases, unit norms), then
+            layer.self_attn.o_proj.weight.zero_()  # the residual branches' outputs zeroed
+            layer.mlp.down_proj.weight.zero_()
             self.layers.append(layer.to(device=reference.device, dtype=reference.dtype))
         self.config.num_hidden_layers = num_hidden_layers
         return self
