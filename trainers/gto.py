@@ -41,9 +41,9 @@ from hf_treespec.tree import DraftTree, Regime
 from .collators import DrafterCollator
 from .losses import soft_cross_entropy
 from .metrics import BatchMetrics
-from .trainer import DrafterTrainer, DrafterTrainingArguments, _flat_index, _pick
+from .trainer import DrafterTrainer, DrafterTrainingArguments
 from .tree_rollout import grow_drafter_trees, score_trees
-from .unroll import TreeLevels, unroll
+from .unroll import TreeLevels, masked_rows, take_rows, unroll
 
 #: smooth-max of the sequences' expected acceptance lengths ``L`` (log-sum-exp; max / mean ablations)
 REWARD_AGGREGATIONS: dict[str, Callable[[torch.Tensor, float], torch.Tensor]] = {
@@ -335,9 +335,9 @@ class GTOTrainer(DrafterTrainer):
             levels, local = chain_levels(rows, roots - 1, paths, lengths, inputs["input_ids"].shape[0],
                                          inputs["input_ids"].device)
         out = unroll(model, *context, levels)
-        picked = _flat_index(inputs["context_mask"])  # one read of the mask for both arrays
-        logp = self.target_logp(model, _pick(inputs["label_hidden"], picked))
-        ce = soft_cross_entropy(logp, _pick(out.context_logits, picked))
+        picked = masked_rows(inputs["context_mask"])  # one read of the mask for both arrays
+        logp = self.target_logp(model, take_rows(inputs["label_hidden"], picked))
+        ce = soft_cross_entropy(logp, take_rows(out.context_logits, picked))
         metrics.add("token_ce", ce)
         gto_sum = out.context_logits.sum() * 0.0
         if groups:

@@ -22,7 +22,7 @@ from .data import PreparedData
 from .metrics import BatchMetrics, MetricsMixin
 from .time_budget import TimeBudgetCallback, WallClock, check_time_budget, time_budget_scheduler
 from .losses import TargetHead, feature_regression, soft_cross_entropy, top1_agreement, topk_distillation
-from .unroll import TreeLevels, UnrollOutput, gather_positions, unroll
+from .unroll import TreeLevels, UnrollOutput, gather_positions, masked_rows, take_rows, unroll
 
 
 # ------------------------------------------------------------------------------------------------------ configs
@@ -240,33 +240,23 @@ class DrafterTrainer(MetricsMixin, Trainer):
         """Flattened (draft logits, drafter features, label states, next-feature states, depth) of all scored items;
         node labels come from ``node_label_hidden`` (TALF) or the context arrays at ``root + depth`` (HASS)."""
         mask = inputs["context_mask"]
-        picked = _flat_index(mask)  # one read of the mask for all four arrays
-        logits, hidden = [_pick(out.context_logits, picked)], [_pick(out.context_hidden, picked)]
-        labels, nexts = [_pick(inputs["label_hidden"], picked)], [_pick(inputs["next_hidden_states"], picked)]
+        picked = masked_rows(mask)  # one read of the mask for all four arrays
+        logits, hidden = [take_rows(out.context_logits, picked)], [take_rows(out.context_hidden, picked)]
+        labels, nexts = [take_rows(inputs["label_hidden"], picked)], [take_rows(inputs["next_hidden_states"], picked)]
         depth = [torch.ones_like(picked)]
         if levels is not None and out.node_logits is not None:
-            picked = _flat_index(inputs["node_loss_mask"])
-            logits.append(_pick(out.node_logits, picked))
-            hidden.append(_pick(out.node_hidden, picked))
+            picked = masked_rows(inputs["node_loss_mask"])
+            logits.append(take_rows(out.node_logits, picked))
+            hidden.append(take_rows(out.node_hidden, picked))
             if "node_label_hidden" in inputs:
-                labels.append(_pick(inputs["node_label_hidden"], picked))
+                labels.append(take_rows(inputs["node_label_hidden"], picked))
                 nexts.append(None)
             else:
                 index = (levels.roots + levels.depth).clamp(max=mask.shape[1] - 1)
-                labels.append(_pick(gather_positions(inputs["label_hidden"], index), picked))
-                nexts.append(_pick(gather_positions(inputs["next_hidden_states"], index), picked))
-            depth.append(_pick(levels.depth, picked) + 1)
+                labels.append(take_rows(gather_positions(inputs["label_hidden"], index), picked))
+                nexts.append(take_rows(gather_positions(inputs["next_hidden_states"], index), picked))
+            depth.append(take_rows(levels.depth, picked) + 1)
         return logits, hidden, labels, nexts, depth
-
-
-def _flat_index(mask: torch.Tensor) -> torch.Tensor:
-    """Flat indices of a ``[B, N]`` mask's True entries (the one host read that sizes the scored items)."""
-    return mask.flatten().nonzero().squeeze(1)
-
-
-def _pick(values: torch.Tensor, flat_index: torch.Tensor) -> torch.Tensor:
-    """``values[mask]`` for ``values [B, N, ...]`` given ``_flat_index(mask)``: a gather, no further read."""
-    return values.flatten(0, 1).index_select(0, flat_index)
 
 
 def check_launch(args: TrainingArguments) -> None:

@@ -178,3 +178,13 @@ def gather_positions(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     offsets = torch.arange(rows, device=index.device)[:, None] * width
     flat = values.flatten(0, 1).index_select(0, (index + offsets).flatten())
     return flat.view(*index.shape, *values.shape[2:])
+
+
+def masked_rows(mask: torch.Tensor) -> torch.Tensor:
+    """Flat indices of a ``[B, N]`` mask's True entries (the one host read that sizes the scored items)."""
+    return mask.flatten().nonzero().squeeze(1)
+
+
+def take_rows(values: torch.Tensor, flat_index: torch.Tensor) -> torch.Tensor:
+    """``values[mask]`` for ``values [B, N, ...]`` given ``masked_rows(mask)``: a gather, no further read."""
+    return values.flatten(0, 1).index_select(0, flat_index)
