@@ -1,7 +1,7 @@
 """hf_treespec: lossless tree-based speculative decoding behind Hugging Face ``model.generate``."""
 
 from . import drafters
-from .generation import TreeSpecGenerateOutput, enable, tree_generate
+from .generation import TreeSpecGenerateOutput, enable, plain_generate, tree_generate
 from .policies import POLICIES
 from .tree import DraftTree, Regime
 from .verifiers import VERIFIERS
@@ -20,4 +20,4 @@ def list_verifiers() -> list[str]:
 
 
 __all__ = ["DraftTree", "Regime", "TreeSpecGenerateOutput", "drafters", "enable", "list_policies", "list_verifiers",
-           "tree_generate"]
+           "plain_generate", "tree_generate"]

@@ -22,6 +22,14 @@ def float_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return mask[None, None]
 
 
+def causal_row_mask(rows: int, keys: int, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """``[1, 1, rows, keys]`` additive mask of the last ``rows`` of a causal forward over ``keys`` columns (the cache
+    then the new rows): what a plain step attends to, spelled out for a compiled forward, which takes every step's
+    mask explicitly."""
+    visible = torch.ones(rows, keys, dtype=torch.bool, device=device).tril(keys - rows)
+    return float_mask(visible, dtype)
+
+
 def check_tree_positions(model: torch.nn.Module, role: str = "model") -> None:
     """Tree nodes sit at their depth's position, not at their cache column: a model must take ``position_ids``, and
     one whose positions come from the mask instead (ALiBi: Bloom, MPT, Falcon with ``alibi``) is refused by name."""

@@ -12,10 +12,12 @@ from typing import Callable, Sequence
 from .cli_options import OptionsParser, add_options, build_config, comma_list, option
 from .hardware import AUTO_DTYPE, AUTO_DTYPE_HELP, DEVICE_HELP, DTYPE_CHOICES
 
-#: what --quick sets when not given on the command line: the headline rows only (plain, transformers' assisted peer,
-#: tree:salf sized by measured cost), 5 questions x 64 tokens, plus the machine's cost curve; <= 3 min on 2 cores
+#: what --quick sets when not given on the command line: the headline rows only (plain generate, plain decoding through
+#: the compiled target, transformers' assisted peer, tree:salf sized by measured cost, eager and compiled),
+#: 5 questions x 64 tokens, plus the machine's eager and compiled cost curves
 QUICK_PRESET = {"num_questions": 5, "max_new_tokens": 64, "repeats": 1, "cost_curve": True,
-                "methods": ["plain", "assisted_lookup", "tree:salf"], "overrides": ["tree.tree_budget=auto"]}
+                "methods": ["plain", "plain@compile=true", "assisted_lookup", "tree:salf", "tree:salf@compile=true"],
+                "overrides": ["tree.tree_budget=auto"]}
 
 
 @dataclass
@@ -24,8 +26,9 @@ class BenchOutput:
 
     out: str = field(default="bench_out", metadata=option("output folder"))
     quick: bool = field(default=False, metadata=option(
-        "<= 3-minute preset: plain, assisted_lookup and tree:salf with tree_budget=auto, 5 questions, 64 new tokens, "
-        "1 repeat, and the cost curve (options given win)"))
+        "preset: plain generate, plain decoding through the compiled target (plain@compile=true), assisted_lookup, "
+        "and tree:salf with tree_budget=auto, eager and compiled; 5 questions, 64 new tokens, 1 repeat, and the "
+        "eager and compiled cost curves (options given win)"))
     batch_size: list[int] | None = field(default=None, metadata=option(
         "batched generate instead: total tokens/s of plain and tree methods on left-padded batches of these sizes "
         "(e.g. 1,4,16), with a speedup-vs-batch plot", parse=comma_list(int), metavar="B1,B2,.."))
@@ -110,6 +113,9 @@ class CalibrateOptions:
         "also time [batch, rows] forwards at these batch sizes against the curve's price for batch x rows rows, the "
         "premise a batch's tree sizing rests on", parse=_positive_ints, metavar="B1,B2,.."))
     out: str = field(default="calibrate_out", metadata=option("folder for curve.json and curve.png"))
+    compile: bool = field(default=False, metadata=option(
+        "also measure the curve through the compiled target forward (what generate(compile_config=...) runs; "
+        "compiles first, minutes on a small CPU) and plot both"))
 
     def __post_init__(self) -> None:
         if self.repeats < 1 or self.threads < 1:
@@ -151,6 +157,19 @@ def run_calibrate(args: argparse.Namespace) -> int:
         curve = calibrate_target(model.eval(), sizes=sizes, contexts=contexts, repeats=options.repeats)
         cached = cache_path(curve.key)
         checks = calibrate_batches(model, curve, batches, repeats=options.repeats) if batches else []
+    compiled_curve = None
+    if options.compile:
+        from transformers import CompileConfig
+
+        from .compiled import CompileSettings, compiled_forward_for
+
+        compiled = compiled_forward_for(model, CompileSettings.from_compile_config(CompileConfig(), model.device))
+        with torch_threads(options.threads):
+            compiled.warm_up()
+            if compiled.failure is not None:
+                raise ValueError(f"compiling the target's forward failed: {compiled.failure}")
+            compiled_curve = calibrate_target(model, sizes=sizes, contexts=contexts, repeats=options.repeats,
+                                              compiled=compiled)
     hardware = detect(model.device)
     print(f"{options.model} ({dtype}) on {hardware.describe().rsplit(';', 1)[0]}; {options.threads} threads)\n")
     print("\n".join(cost_curve_lines(curve.to_json())[2:]))
@@ -165,10 +184,23 @@ def run_calibrate(args: argparse.Namespace) -> int:
             print(f"| {check.batch} | {check.rows} | {1000 * check.measured:.1f} | {1000 * check.predicted:.1f} | "
                   f"{check.ratio:.2f} |")
         (folder / "batches.json").write_text(json.dumps([{**vars(c), "ratio": c.ratio} for c in checks], indent=1))
-    plot_cost_curve(curve, folder / "curve.png", title=f"{options.model} {dtype}, {hardware.name}, {options.threads} thr")
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    cached.write_text(json.dumps(curve.to_json(), indent=1))
-    print(f"\nwrote {folder}/curve.json, {folder}/curve.png and the latency cache {cached}")
+    title = f"{options.model} {dtype}, {hardware.name}, {options.threads} thr"
+    plot_cost_curve(curve, folder / "curve.png", title=title)
+    written = [curve]
+    if compiled_curve is not None:
+        from .benchmark.report import plot_cost_curves
+
+        print("\n" + "\n".join(cost_curve_lines(compiled_curve.to_json(), compiled=True)[2:]))
+        (folder / "compiled_curve.json").write_text(
+            json.dumps({**compiled_curve.to_json(), "hardware": hardware.as_dict()}, indent=1))
+        plot_cost_curves({"eager": curve, "compiled": compiled_curve}, folder / "curves.png", title=title)
+        written.append(compiled_curve)
+    for measured in written:
+        cached = cache_path(measured.key)
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        cached.write_text(json.dumps(measured.to_json(), indent=1))
+    extra = ", compiled_curve.json, curves.png" if compiled_curve is not None else ""
+    print(f"\nwrote {folder}/curve.json, {folder}/curve.png{extra} and the latency cache")
     return 0
 
 

@@ -119,8 +119,9 @@ class CostCurve:
         return "\n".join([head, sep, *body])
 
 
-def model_key(model: torch.nn.Module, threads: int | None = None) -> dict:
-    """What a calibration is valid for: model identity (name + config hash), dtype, device/hardware, threads."""
+def model_key(model: torch.nn.Module, threads: int | None = None, compiled=None) -> dict:
+    """What a calibration is valid for: model identity (name + config hash), dtype, device/hardware, threads, and
+    how the forward runs (eager, or compiled with which settings): the two curves of a machine are cached apart."""
     from .hardware import detect
 
     config = getattr(model, "config", None)
@@ -133,6 +134,7 @@ def model_key(model: torch.nn.Module, threads: int | None = None) -> dict:
         "device": str(param.device),
         "hardware": detect(param.device).name,
         "threads": int(threads if threads is not None else torch.get_num_threads()),
+        **({"compiled": compiled.settings.describe()} if compiled is not None else {}),
     }
 
 
@@ -150,16 +152,18 @@ def _float_causal_mask(past: int, rows: int, dtype: torch.dtype, device) -> torc
     return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def calibrate_target(
     model: torch.nn.Module,
     sizes: tuple[int, ...] = CALIBRATION_SIZES,
     contexts: tuple[int, ...] = CALIBRATION_CONTEXTS,
     repeats: int = 1,
+    compiled=None,
 ) -> CostCurve:
     """Times one target forward per (rows, context) exactly as a tree verification runs (4D float mask, explicit
-    positions, a DynamicCache of ``context`` tokens), keeping the fastest of ``repeats``. One untimed forward per
-    context warms up. At first use `load_or_calibrate` keeps the fastest of `FIRST_USE_REPEATS` per point (42 timed
+    positions, a DynamicCache of ``context`` tokens, under ``inference_mode`` as the loops run), keeping the fastest
+    of ``repeats``; with ``compiled`` (a `hf_treespec.compiled.CompiledForward`), through its compiled graphs over a
+    preallocated cache. One untimed forward per context warms up. At first use `load_or_calibrate` keeps the fastest of `FIRST_USE_REPEATS` per point (42 timed
     forwards, ~8 s for SmolLM2-135M on 2 CPU cores): the cost rule sizes trees by the curve's differences between
     neighbouring row counts, which single measurements on a noisy machine get wrong (a 4-row forward measured slower
     than an 8-row one); the online refinement from real steps corrects what remains."""
@@ -170,7 +174,7 @@ def calibrate_target(
     gen = torch.Generator().manual_seed(0)
     seconds = []
     for context in contexts:
-        cache = _prefilled_cache(model, 1, context, gen)
+        cache = _prefilled_cache(model, 1, context, gen, capacity=context + max(sizes) if compiled else None)
         row = []
         for rows in sizes:
             ids = torch.randint(0, vocab, (1, rows), generator=gen).to(device)
@@ -181,36 +185,47 @@ def calibrate_target(
             for attempt in range(repeats + warm_up):
                 sync(device)
                 t0 = time.perf_counter()
-                model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
-                      **{CACHE_KWARG: cache})
+                if compiled is not None:
+                    compiled(ids, positions, mask, cache)
+                else:
+                    model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
+                          **{CACHE_KWARG: cache})
                 sync(device)
                 if attempt or not warm_up:
                     best = min(best, time.perf_counter() - t0)
                 cache.crop(-rows)  # drop the rows just added (transformers 5.23: a negative count)
             row.append(best)
         seconds.append(row)
-    return CostCurve(list(sizes), list(contexts), seconds, model_key(model))
+    return CostCurve(list(sizes), list(contexts), seconds, model_key(model, compiled=compiled))
 
 
-def _prefilled_cache(model: torch.nn.Module, batch: int, context: int, generator: torch.Generator):
+def _prefilled_cache(model: torch.nn.Module, batch: int, context: int, generator: torch.Generator,
+                     capacity: int | None = None):
     """A cache holding ``context`` random tokens per sequence, laid out as the tree loop runs it (sliding layers
-    full-length; the window costs no time here)."""
+    full-length; the window costs no time here); with ``capacity``, preallocated as a compiled run lays it out."""
     from transformers import DynamicCache
 
     from .compat import CACHE_KWARG
     from .window import prepare
 
     cache = DynamicCache(config=model.config)
-    prepare(model, cache)
+    if capacity is not None:
+        from .compiled import preallocate
+
+        preallocate(cache, capacity)
+    else:
+        prepare(model, cache)
     vocab = int(model.config.get_text_config().vocab_size)
     prefix = torch.randint(0, vocab, (batch, context), generator=generator).to(next(model.parameters()).device)
     model(input_ids=prefix, use_cache=True, logits_to_keep=1, **{CACHE_KWARG: cache})
     return cache
 
 
-def load_or_calibrate(model: torch.nn.Module, cache_dir: str | Path | None = None, **kwargs) -> CostCurve:
-    """The cached curve for this (model, dtype, device, threads), measuring and caching it at first use."""
-    key = model_key(model)
+def load_or_calibrate(model: torch.nn.Module, cache_dir: str | Path | None = None, compiled=None,
+                      **kwargs) -> CostCurve:
+    """The cached curve for this (model, dtype, device, threads, eager or compiled), measuring and caching it at
+    first use."""
+    key = model_key(model, compiled=compiled)
     path = cache_path(key, cache_dir)
     if path.exists():
         try:
@@ -220,7 +235,7 @@ def load_or_calibrate(model: torch.nn.Module, cache_dir: str | Path | None = Non
         except (ValueError, KeyError, TypeError):
             pass  # unreadable or stale: measure again and overwrite
     kwargs.setdefault("repeats", FIRST_USE_REPEATS)
-    curve = calibrate_target(model, **kwargs)
+    curve = calibrate_target(model, compiled=compiled, **kwargs)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(curve.to_json(), indent=1))
     return curve

@@ -342,16 +342,19 @@ class SpeedModel:
 
 
 def speed_model_for(model: torch.nn.Module, key: tuple, cache_dir: str | Path | None = None,
-                    batch: int = 1, batched_drafting: bool = False) -> SpeedModel:
+                    batch: int = 1, batched_drafting: bool = False, compiled=None) -> SpeedModel:
     """The `SpeedModel` of ``model`` for ``key`` (drafter, sampling settings ...), kept on the model instance so it
     keeps learning across ``generate`` calls. The cost curve is shared per (dtype, device, threads, batch size): a
     batch's steps teach it what ``[batch, n]`` forwards cost, which is more than ``batch x n`` rows of one sequence
     (every sequence reads its own KV cache; `hf_treespec.cost_curve.calibrate_batches` measures the gap), so each batch
-    size refines its own copy of the calibrated curve and never skews the one-sequence curve."""
+    size refines its own copy of the calibrated curve and never skews the one-sequence curve. A run whose steps go
+    through ``compiled`` (a `hf_treespec.compiled.CompiledForward`) prices trees on that path's own curve."""
     store = model.__dict__.setdefault("_treespec_speed_models", {})
-    curve_key = ("curve", str(model.dtype), str(next(model.parameters()).device), torch.get_num_threads())
+    curve_key = ("curve", str(model.dtype), str(next(model.parameters()).device), torch.get_num_threads(),
+                 None if compiled is None else compiled.settings)
     if curve_key not in store:
-        store[curve_key] = load_or_calibrate(model, cache_dir)
+        store[curve_key] = (load_or_calibrate(model, cache_dir) if compiled is None
+                            else load_or_calibrate(model, cache_dir, compiled=compiled))
     batch_key = (*curve_key, batch)
     if batch_key not in store:
         store[batch_key] = store[curve_key] if batch == 1 else CostCurve.from_json(store[curve_key].to_json())

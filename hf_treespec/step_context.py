@@ -105,6 +105,8 @@ class DecodingSetup:
         drafter: the drafter adapter of the first row.
         temperature / top_p: as in `sampling_params`.
         batch: rows decoded together.
+        compiled: the `hf_treespec.compiled.CompiledForward` the target's steps run through (None: eager); the cost
+            curve trees are sized by is the one of that path.
     """
 
     target: torch.nn.Module
@@ -112,6 +114,7 @@ class DecodingSetup:
     temperature: float = 0.0
     top_p: float = 1.0
     batch: int = 1
+    compiled: object | None = None
 
 
 def sampling_params(generation_config: GenerationConfig) -> tuple[float, float]:

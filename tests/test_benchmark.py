@@ -403,7 +403,8 @@ def test_cli_parses_quick_preset_and_explicit_options():
     assert [(o.selector, o.key, o.value) for o in cfg.overrides] == [
         ("tree", "tree_budget", "auto"), ("salf", "salf_threshold", 0.3)]
     quick = bench_config(parser.parse_args(["bench", "--quick"]))
-    assert quick.methods == ["plain", "assisted_lookup", "tree:salf"] and quick.cost_curve
+    assert quick.methods == ["plain", "plain@compile=true", "assisted_lookup", "tree:salf",
+                             "tree:salf@compile=true"] and quick.cost_curve
     variants = bench_config(parser.parse_args(["bench", "--methods", "tree:iid@tree_paths=2@tree_depth=3,tree:iid",
                                                "--set", "tree:iid@tree_paths=2.verifier=traversal"]))
     assert variants.methods == ["tree:iid@tree_paths=2@tree_depth=3", "tree:iid"]
@@ -491,13 +492,22 @@ def test_cli_quick_style_run_with_auto_budget_cost_curve_and_hardware(tiny, ques
     assert main(["bench", "--quick", "--model", str(folder), "--drafter", "truncated:2", "--threads", "1",
                  "--questions", str(questions_file), "--max-new-tokens", "6", "--out", str(out), "--no-progress"]) == 0
     printed = capsys.readouterr().out
-    assert "- hardware: " in printed and "Target cost curve" in printed
+    assert "- hardware: " in printed and "Target cost curve" in printed and "Compiled target cost curve" in printed
     summary = json.loads((out / "summary.json").read_text())
-    assert [m["method"] for m in summary["methods"]] == ["plain", "assisted_lookup", "tree:salf"]
-    assert summary["settings"]["dtype_requested"] == "auto" and summary["settings"]["hardware"]["device_type"] == "cpu"
-    assert summary["settings"]["overrides"] == ["tree.tree_budget=auto"]
-    salf = summary["methods"][2]
+    assert [m["method"] for m in summary["methods"]] == [
+        "plain", "plain@compile=true", "assisted_lookup", "tree:salf", "tree:salf@compile=true"]
+    settings = summary["settings"]
+    assert settings["dtype_requested"] == "auto" and settings["hardware"]["device_type"] == "cpu"
+    assert settings["overrides"] == ["tree.tree_budget=auto"]
+    assert settings["compile_failure"] is None and len(settings["compile_seconds"]) == 2
+    assert settings["compiled_cost_curve"]["key"]["compiled"] == "inductor, freezing=True, max_autotune=True"
+    assert (out / "cost_curves.png").stat().st_size > 0
+    methods = {m["method"]: m for m in summary["methods"]}
+    salf, compiled = methods["tree:salf"], methods["tree:salf@compile=true"]
     assert salf["identical"] == 2 and 0 <= salf["drafted_share"] <= 1
+    # compiled rows are held to plain decoding through the same compiled forward, and counted against eager too
+    assert compiled["identical"] == 2 and compiled["identical_eager"] is not None
+    assert compiled["speedup_compiled"] is not None and methods["plain"]["speedup_compiled"] is not None
     calib = tmp_path / "calib"
     assert main(["calibrate", "--model", str(folder), "--threads", "1", "--sizes", "1,2,4", "--contexts", "8",
                  "--repeats", "1", "--out", str(calib)]) == 0

@@ -9,10 +9,18 @@ from typing import Any
 import torch
 
 
-def _plain_logits(model, prompt, gen_kwargs, plain_tokens) -> torch.Tensor:
-    """Plain greedy generate's raw logits ``[n, V]`` (untimed; only needed where a method diverged)."""
-    out = model.generate(prompt, attention_mask=torch.ones_like(prompt), **gen_kwargs, output_logits=True,
-                         return_dict_in_generate=True)
+def _plain_logits(model, prompt, gen_kwargs, plain_tokens, compiled: bool = False) -> torch.Tensor:
+    """Plain greedy generate's raw logits ``[n, V]`` (untimed; only needed where a method diverged); with
+    ``compiled``, plain decoding's through the compiled target forward (`plain_generate`)."""
+    if compiled:
+        from transformers import CompileConfig
+
+        from ..generation.plain import plain_generate
+
+        gen_kwargs = {**gen_kwargs, "custom_generate": plain_generate, "compile_config": CompileConfig()}
+    with torch.inference_mode():
+        out = model.generate(prompt, attention_mask=torch.ones_like(prompt), **gen_kwargs, output_logits=True,
+                             return_dict_in_generate=True)
     tokens = out.sequences[0, prompt.shape[1]:].cpu()
     if not torch.equal(tokens, plain_tokens):
         warnings.warn("plain greedy generate gave different tokens on a second call (non-deterministic kernels?); "

@@ -19,9 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Iterator
 
 import torch
+from transformers import CompileConfig
 
 from ..generation.config import TREE_GENERATION_KWARGS
 from ..generation.entry import tree_generate
+from ..generation.plain import plain_generate
 from ..policies import POLICIES
 from ..registry import Registry
 from ..timing import sync
@@ -35,6 +37,10 @@ PEER_ORDER = ("plain", "assisted_lookup", "assisted_drafter")
 #: a method setting (``tree:salf@drafter=runs/gto``) that runs that method with its own drafter (loaded like
 #: ``--drafter``) instead of the run's, so two drafters are compared against one plain baseline in one run
 DRAFTER_SETTING = "drafter"
+#: a method setting (``plain@compile=true``, ``tree:salf@compile=true``, or ``--set tree.compile=true``) that runs
+#: the target's steps through its compiled forward (`hf_treespec.compiled`: ``generate(compile_config=...)``);
+#: ``plain@compile=true`` is plain decoding through those same compiled graphs, the baseline of compiled tree rows
+COMPILE_SETTING = "compile"
 #: assistant-side settings that transformers reads from ``assistant_model.generation_config``, not generate kwargs
 ASSISTANT_CONFIG_KEYS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
 
@@ -65,6 +71,8 @@ class BenchMethod:
 
     kind: ClassVar[str] = ""
     needs_drafter: ClassVar[bool] = False
+    #: whether ``@compile=true`` applies (the target's steps through hf_treespec's compiled forward)
+    compilable: ClassVar[bool] = False
 
     def __init__(self, name: str, overrides: dict[str, Any] | None = None, sweep: tuple[str, Any] | None = None,
                  variant: str = ""):
@@ -89,10 +97,17 @@ class BenchMethod:
     @property
     def generate_overrides(self) -> dict[str, Any]:
         """This method's own generate kwargs: ``--set`` values, then the name's settings, then the sweep value."""
-        kwargs = {**self.overrides, **{k: v for k, v in self.settings.items() if k != DRAFTER_SETTING}}
+        own = (DRAFTER_SETTING, COMPILE_SETTING)
+        kwargs = {k: v for k, v in {**self.overrides, **self.settings}.items() if k not in own}
         if self.sweep is not None:
             kwargs[self.sweep[0]] = self.sweep[1]
         return kwargs
+
+    @property
+    def compiled(self) -> bool:
+        """Whether this method runs the target's steps through the compiled forward (``@compile=true`` or
+        ``--set ...compile=true``)."""
+        return bool({**self.overrides, **self.settings}.get(COMPILE_SETTING, False))
 
     @property
     def drafter_spec(self) -> str | None:
@@ -102,6 +117,8 @@ class BenchMethod:
 
     def accepts(self, key: str, value: Any = "auto") -> bool:
         """Whether a group override, a sweep or a ``@key=value`` setting of ``key`` (to ``value``) applies here."""
+        if key == COMPILE_SETTING:
+            return self.compilable
         return key not in TREE_GENERATION_KWARGS
 
     def check(self, model: torch.nn.Module, drafter: torch.nn.Module | None) -> None:
@@ -122,6 +139,8 @@ class BenchMethod:
         """Runs and times one generate call; ``generate_kwargs`` carry the sampling / length settings shared by all."""
         kwargs = {**generate_kwargs, **self.method_kwargs(drafter), **self.generate_overrides,
                   "return_dict_in_generate": True}
+        if self.compiled:
+            kwargs["compile_config"] = CompileConfig()
         kwargs = {k: v for k, v in kwargs.items() if k not in ASSISTANT_CONFIG_KEYS}
         attention_mask = torch.ones_like(input_ids)
         with self.prepared(drafter):
@@ -141,7 +160,21 @@ METHODS: Registry[BenchMethod] = Registry("benchmark method")
 
 @METHODS.register("plain")
 class PlainGenerate(BenchMethod):
-    """Stock ``generate``: greedy or sampling, one target forward per token. The baseline every ratio uses."""
+    """Stock ``generate``: greedy or sampling, one target forward per token, under ``torch.inference_mode`` as the
+    tree loop runs (so that mode's lower dispatch cost is no part of any speedup). The baseline every ratio uses.
+    ``plain@compile=true`` is plain decoding through hf_treespec's compiled forward (`plain_generate`): the same
+    graphs as a compiled tree run, the strongest plain decoder we build from stock parts on a CPU, where
+    transformers' own compile switch does not fire."""
+
+    compilable = True
+
+    def method_kwargs(self, drafter):
+        return {"custom_generate": plain_generate} if self.compiled else {}
+
+    @contextmanager
+    def prepared(self, drafter):
+        with torch.inference_mode():
+            yield
 
 
 @METHODS.register("assisted_lookup")
@@ -198,6 +231,7 @@ class TreeMethod(BenchMethod):
 
     kind = "tree"
     needs_drafter = True
+    compilable = True
 
     def __init__(self, policy: str, overrides=None, sweep=None, variant: str = ""):
         if policy not in POLICIES:
@@ -207,6 +241,8 @@ class TreeMethod(BenchMethod):
 
     def accepts(self, key: str, value: Any = "auto") -> bool:
         """``value``: the one a group override or sweep would set (a policy may take a kwarg for some values only)."""
+        if key == COMPILE_SETTING:
+            return True
         return key == "verifier" or POLICIES.get(self.policy).takes(key, value) or key not in TREE_GENERATION_KWARGS
 
     def method_kwargs(self, drafter):

@@ -13,13 +13,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .results import BASELINE, BenchmarkResult, MethodSummary
+from .results import BASELINE, COMPILED_BASELINE, BenchmarkResult, MethodSummary
 
 PER_QUESTION_FILE = "per_question.jsonl"
 SUMMARY_FILE = "summary.json"
 TABLE_FILE = "table.md"
 PLOT_FILE = "plot.png"
 SWEEP_PLOT_FILE = "sweep.png"
+COST_PLOT_FILE = "cost_curves.png"
 
 
 def write_report(result: BenchmarkResult, out: str | os.PathLike, echo: bool = False) -> Path:
@@ -37,6 +38,13 @@ def write_report(result: BenchmarkResult, out: str | os.PathLike, echo: bool = F
     plot_methods([s for s in summaries if s.method not in result.sweep_methods], folder / PLOT_FILE)
     if result.sweep is not None:
         plot_sweep(result, summaries, folder / SWEEP_PLOT_FILE)
+    curves = {name: result.settings.get(key) for name, key in (("eager", "cost_curve"),
+                                                                ("compiled", "compiled_cost_curve"))}
+    if all(curves.values()):
+        from ..cost_curve import CostCurve
+
+        plot_cost_curves({name: CostCurve.from_json(c) for name, c in curves.items()}, folder / COST_PLOT_FILE,
+                         title=result.settings.get("hardware_summary", ""))
     if echo:
         print(table)
     return folder
@@ -61,6 +69,8 @@ def _identity(s: MethodSummary, greedy: bool) -> str:
         return "n/a (sampling)"
     if s.method == BASELINE:
         return "reference"
+    if s.identical_eager is not None and s.method != COMPILED_BASELINE:
+        return f"{s.identical}/{s.compared} ({s.identical_eager}/{s.compared} vs eager)"
     return f"{s.identical}/{s.compared}"
 
 
@@ -97,24 +107,33 @@ def markdown_report(result: BenchmarkResult, summaries: list[MethodSummary] | No
     summaries = summaries if summaries is not None else result.summaries()
     greedy = result.settings["temperature"] == 0
     main = [s for s in summaries if s.method not in result.sweep_methods]
+    both = any(s.speedup_compiled is not None for s in main)
+    second = " vs compiled plain |" if both else ""
     lines = [
         _header(result.settings),
         "",
-        "| method | tokens/s | speedup | tau | draft / verify / other | nodes/step | identical | max top-2 gap |",
-        "|---|---:|---:|---:|---|---:|---|---:|",
+        f"| method | tokens/s | speedup |{second} tau | draft / verify / other | nodes/step | identical | "
+        "max top-2 gap |",
+        "|---|---:|---:|" + ("---:|" if both else "") + "---:|---|---:|---|---:|",
     ]
     for s in main:
+        extra = f" {_fmt(s.speedup_compiled, '.2f', 'x')} |" if both else ""
         lines.append(
-            f"| {s.method} | {_fmt(s.tokens_per_s, '.1f')} | {_fmt(s.speedup, '.2f', 'x')} | {_fmt(s.tau)} | "
+            f"| {s.method} | {_fmt(s.tokens_per_s, '.1f')} | {_fmt(s.speedup, '.2f', 'x')} |{extra} {_fmt(s.tau)} | "
             f"{_split(s)} | {_fmt(s.mean_tree_size, '.1f')} | {_identity(s, greedy)} | {_max_gap(s)} |"
         )
+    compiled_note = (" vs compiled plain = tokens/s over `plain@compile=true`'s (plain decoding through the same "
+                     "compiled target forward; `@compile=true` rows run the target's steps compiled);" if both else "")
     lines += [
         "",
-        "tokens/s = new tokens / summed median wall time; speedup = tokens/s over plain `generate`'s in this run; "
+        "tokens/s = new tokens / summed median wall time; speedup = tokens/s over plain `generate`'s in this run;"
+        f"{compiled_note} "
         "tau = new tokens per target forward (forward hook on the target, prefill = 1 forward); time split from "
         "`TreeSpecGenerateOutput` (verify = target forward + verification; n/a for peers); identical = greedy "
-        "outputs equal to plain `generate`'s token for token; max top-2 gap = largest gap between plain's two best "
-        "logits at a divergence (small = a near-tie decided by rounding).",
+        "outputs equal to plain decoding's token for token through the same forward (plain `generate`; for "
+        "`@compile=true` rows, `plain@compile=true`, with the count against eager plain `generate` beside it); "
+        "max top-2 gap = largest gap between that plain run's two best logits at a divergence (small = a near-tie "
+        "decided by rounding).",
     ]
     drafted = [s for s in main if s.drafted_share is not None]
     if any(s.drafted_share < 1 for s in drafted):
@@ -123,6 +142,11 @@ def markdown_report(result: BenchmarkResult, summaries: list[MethodSummary] | No
                       f"`tree_budget='auto'`): {shares}"]
     if result.settings.get("cost_curve"):
         lines += ["", *cost_curve_lines(result.settings["cost_curve"])]
+    if result.settings.get("compiled_cost_curve"):
+        lines += ["", *cost_curve_lines(result.settings["compiled_cost_curve"], compiled=True)]
+    if result.settings.get("compile_seconds"):
+        spent = ", ".join(f"{name}: {seconds:.0f} s" for name, seconds in result.settings["compile_seconds"].items())
+        lines += ["", f"Compilation of the target forward (before timing, once per process): {spent}."]
     if result.skipped:
         lines += ["", "Skipped (cannot run in this setting):"]
         lines += [f"- {name}: {reason}" for name, reason in result.skipped.items()]
@@ -159,15 +183,17 @@ def markdown_report(result: BenchmarkResult, summaries: list[MethodSummary] | No
     return "\n".join(lines) + "\n"
 
 
-def cost_curve_lines(curve_json: dict) -> list[str]:
+def cost_curve_lines(curve_json: dict, compiled: bool = False) -> list[str]:
     """The target's measured verification cost (ms per forward) and its ratio to a one-token step."""
     from ..cost_curve import CostCurve
 
     curve = CostCurve.from_json(curve_json)
     ratios = "| x one-token step | " + " | ".join(
         f"{s / curve.seconds[0][0]:.1f}" for s in curve.seconds[0]) + " |"
+    title = ("## Compiled target cost curve on this machine (`hf-treespec calibrate --compile`)" if compiled
+             else "## Target cost curve on this machine (`hf-treespec calibrate`)")
     return [
-        "## Target cost curve on this machine (`hf-treespec calibrate`)",
+        title,
         "",
         f"ms per target forward with n new rows (root included); first ratio row at context {curve.contexts[0]}.",
         "",
@@ -186,6 +212,20 @@ def plot_cost_curve(curve, path: Path, title: str = "") -> None:
     ax.set_xlabel("rows verified in one forward (root included)")
     ax.set_ylabel("ms per target forward")
     ax.set_title(title or "target verification cost")
+    ax.legend()
+    fig.savefig(path, dpi=120)
+
+
+def plot_cost_curves(curves: dict, path: Path, title: str = "") -> None:
+    """ms per target forward against rows at the first context, one line per forward path (eager, compiled)."""
+    fig, ax = _figure(1, 6.0)
+    for name, curve in curves.items():
+        ax.plot(curve.sizes, [1000 * s for s in curve.seconds[0]], marker="o",
+                label=f"{name} (context {curve.contexts[0]})")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("rows verified in one forward (root included)")
+    ax.set_ylabel("ms per target forward")
+    ax.set_title(f"eager vs compiled target cost\n{title}" if title else "eager vs compiled target cost")
     ax.legend()
     fig.savefig(path, dpi=120)
 

@@ -12,6 +12,8 @@ from typing import Any
 
 #: the method every speedup is measured against
 BASELINE = "plain"
+#: the second baseline, where a run has it: plain decoding through the same compiled target forward
+COMPILED_BASELINE = "plain@compile=true"
 
 
 @dataclass
@@ -33,10 +35,11 @@ class QuestionResult:
     mean_tree_size: float | None = None
     drafted_share: float | None = None  # steps that verified a draft tree / all steps (auto may skip drafting)
     accepted_lengths: list[int] | None = None  # tokens committed per verified step (accepted drafts + 1)
-    identical: bool | None = None
+    identical: bool | None = None  # greedy: equal to plain decoding through the same forward (eager or compiled)
     divergence: dict[str, Any] | None = None
     tokens: list[int] = field(default_factory=list)
     text: str = ""
+    identical_eager: bool | None = None  # greedy, compiled methods: also equal to eager plain `generate`?
 
 
 @dataclass
@@ -62,6 +65,10 @@ class MethodSummary:
     divergences: list[dict[str, Any]]
     #: entry d - 1: share of the verified steps (all questions) that accepted at least d draft tokens
     reached_depth: list[float] | None = None
+    #: tokens/s over `COMPILED_BASELINE`'s in the same run (None when the run has no such row)
+    speedup_compiled: float | None = None
+    #: greedy, compiled methods: questions whose tokens also equal eager plain `generate`'s
+    identical_eager: int | None = None
 
 
 @dataclass
@@ -76,13 +83,15 @@ class BenchmarkResult:
     def summaries(self) -> list[MethodSummary]:
         """One summary per method, in run order (sweep variants included)."""
         baseline = self._totals(BASELINE)
-        return [self._summary(name, baseline) for name in self.methods]
+        compiled = self._totals(COMPILED_BASELINE) if COMPILED_BASELINE in self.methods else None
+        return [self._summary(name, baseline, compiled) for name in self.methods]
 
     def _totals(self, method: str) -> tuple[int, float]:
         rows = [r for r in self.records if r.method == method]
         return sum(r.new_tokens for r in rows), sum(r.seconds for r in rows)
 
-    def _summary(self, name: str, baseline: tuple[int, float]) -> MethodSummary:
+    def _summary(self, name: str, baseline: tuple[int, float], compiled: tuple[int, float] | None = None
+                 ) -> MethodSummary:
         rows = [r for r in self.records if r.method == name]
         tokens, seconds = self._totals(name)
         rate = tokens / seconds if seconds > 0 else float("nan")
@@ -114,6 +123,9 @@ class BenchmarkResult:
             compared=len(compared) if compared else None,
             divergences=[{"question_id": r.question_id, **r.divergence} for r in rows if r.divergence],
             reached_depth=reached_depth([n for r in rows for n in r.accepted_lengths or []]),
+            speedup_compiled=rate * compiled[1] / compiled[0] if compiled and compiled[0] else None,
+            identical_eager=(sum(r.identical_eager for r in rows)
+                             if rows and all(r.identical_eager is not None for r in rows) else None),
         )
 
 

@@ -54,7 +54,7 @@ from .methods import (
     parse_override,
     parse_sweep,
 )
-from .results import BASELINE, BenchmarkResult, MethodSummary, QuestionResult  # noqa: F401  (re-exported)
+from .results import BASELINE, COMPILED_BASELINE, BenchmarkResult, MethodSummary, QuestionResult  # noqa: F401  (re-exported)
 
 WARMUP_TOKENS = 8
 
@@ -147,15 +147,25 @@ class BenchmarkConfig:
 
 
 class ForwardCounter:
-    """Counts calls of the target's top-level forward with a hook that exists only inside ``with``."""
+    """Counts calls of the target's top-level forward with a hook that exists only inside ``with`` (compiled
+    forwards included: the count is a tensor updated in place, which a compiled graph performs; a Python int read by
+    the hook would be a guarded constant there, and every call a recompilation)."""
 
     def __init__(self, model: torch.nn.Module):
         self.model = model
-        self.count = 0
+        self._calls = torch.zeros((), dtype=torch.long)
         self._handle = None
 
+    @property
+    def count(self) -> int:
+        return int(self._calls)
+
+    @count.setter
+    def count(self, value: int) -> None:
+        self._calls.fill_(value)
+
     def _hook(self, module, args, output) -> None:
-        self.count += 1
+        self._calls += 1
 
     def __enter__(self) -> "ForwardCounter":
         self._handle = self.model.register_forward_hook(self._hook)
@@ -243,6 +253,8 @@ def run_benchmark(
     with torch_threads(config.threads), ForwardCounter(model) as counter:
         curve = _cost_curve(model) if config.cost_curve else None
         methods, skipped = _warm_up(config, methods, model, drafters, prompts[0], gen_kwargs)
+        compiled = _compiled_forward(model) if any(m.compiled for m in methods) else None
+        compiled_curve = _cost_curve(model, compiled) if config.cost_curve and compiled is not None else None
         runs = _timed_runs(config, methods, model, drafters, prompts, gen_kwargs, counter)
         records = _records(config, methods, questions, prompts, runs, model, tokenizer, gen_kwargs)
 
@@ -250,6 +262,10 @@ def run_benchmark(
     settings["commit"] = commit
     settings["method_drafters"] = {m.name: m.drafter_spec for m in methods if m.drafter_spec is not None}
     settings["cost_curve"] = curve.to_json() if curve is not None else None
+    settings["compiled_cost_curve"] = compiled_curve.to_json() if compiled_curve is not None else None
+    settings["compile_settings"] = compiled.settings.describe() if compiled is not None else None
+    settings["compile_seconds"] = dict(compiled.compile_seconds) if compiled is not None else None
+    settings["compile_failure"] = compiled.failure if compiled is not None else None
     return BenchmarkResult(
         settings=settings,
         methods=[m.name for m in methods],
@@ -272,12 +288,21 @@ def method_drafters(methods: list[BenchMethod], drafter: torch.nn.Module | None,
     return {m.name: own.get(m.drafter_spec, drafter) for m in methods}
 
 
-def _cost_curve(model):
-    """The target's verification cost curve on this machine (cached after the first measurement)."""
+def _cost_curve(model, compiled=None):
+    """The target's verification cost curve on this machine, eager or through ``compiled`` (cached after the first
+    measurement)."""
     from ..cost_curve import load_or_calibrate
 
-    with torch.no_grad():
-        return load_or_calibrate(model)
+    return load_or_calibrate(model, compiled=compiled)
+
+
+def _compiled_forward(model):
+    """The compiled forward ``@compile=true`` methods ran through (what ``compile_config=CompileConfig()`` asks)."""
+    from transformers import CompileConfig
+
+    from ..compiled import CompileSettings, compiled_forward_for
+
+    return compiled_forward_for(model, CompileSettings.from_compile_config(CompileConfig(), model.device))
 
 
 def _warm_up(config, methods, model, drafters, prompt, gen_kwargs) -> tuple[list[BenchMethod], dict[str, str]]:
@@ -332,8 +357,11 @@ def _median_run(runs: list[tuple[RunOutput, int]]) -> tuple[RunOutput, int, floa
 def _records(config, methods, questions, prompts, runs, model, tokenizer, gen_kwargs) -> list[QuestionResult]:
     records = []
     reference_logits: dict[int, torch.Tensor] = {}
+    names = {m.name for m in methods}
     for qi, (question, prompt) in enumerate(zip(questions, prompts)):
         plain_tokens = _median_run(runs[(BASELINE, qi)])[0].tokens
+        compiled_tokens = (_median_run(runs[(COMPILED_BASELINE, qi)])[0].tokens
+                           if COMPILED_BASELINE in names else None)
         for method in methods:
             output, forwards, median = _median_run(runs[(method.name, qi)])
             tokens = output.tokens
@@ -358,11 +386,18 @@ def _records(config, methods, questions, prompts, runs, model, tokenizer, gen_kw
                 text=tokenizer.decode(tokens, skip_special_tokens=True),
             )
             if config.greedy and method.name != BASELINE:
-                record.identical = torch.equal(tokens, plain_tokens)
+                # a compiled method is held to plain decoding through the same compiled forward (compiled kernels
+                # round differently from eager ones), and to eager plain generate beside it
+                same_path = method.compiled and compiled_tokens is not None and method.name != COMPILED_BASELINE
+                reference = compiled_tokens if same_path else plain_tokens
+                record.identical = torch.equal(tokens, reference)
+                if method.compiled:
+                    record.identical_eager = torch.equal(tokens, plain_tokens)
                 if not record.identical:
-                    if qi not in reference_logits:
-                        reference_logits[qi] = _plain_logits(model, prompt, gen_kwargs, plain_tokens)
-                    record.divergence = divergence(plain_tokens, tokens, reference_logits[qi])
+                    key = (qi, same_path)
+                    if key not in reference_logits:
+                        reference_logits[key] = _plain_logits(model, prompt, gen_kwargs, reference, same_path)
+                    record.divergence = divergence(reference, tokens, reference_logits[key])
             records.append(record)
     return records
 

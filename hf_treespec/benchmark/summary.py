@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .report import SUMMARY_FILE
+from .results import COMPILED_BASELINE
 
 BEGIN = "<!-- headline:begin -->"
 END = "<!-- headline:end -->"
@@ -37,18 +38,22 @@ def load_runs(root: str | Path) -> list[dict[str, Any]]:
 
 
 def headline(run: dict[str, Any]) -> dict[str, Any]:
-    """One run's row: plain tokens/s, its first tree method and transformers' best assisted method."""
+    """One run's row: plain tokens/s (eager, and through the compiled target where the run has it), its fastest tree
+    method and transformers' best assisted method."""
     settings, methods = run["settings"], {m["method"]: m for m in run["methods"]}
-    tree = next((m for name, m in methods.items() if name.startswith(TREE_PREFIX)), None)
+    trees = [m for name, m in methods.items() if name.startswith(TREE_PREFIX)]
+    tree = max(trees, key=lambda m: m["speedup"] or 0.0) if trees else None
     peers = [m for name, m in methods.items() if name.startswith(PEER_PREFIX)]
     if "plain" not in methods or tree is None:
         raise ValueError(f"run of {settings.get('date')} has no plain and tree:<policy> rows: not a headline run.")
+    compiled = methods.get(COMPILED_BASELINE)
     return {
         "hardware": settings.get("hardware_summary", ""),
         "dtype": settings["dtype"],
         "decoding": "greedy" if float(settings["temperature"]) == 0 else f"T={settings['temperature']:g}",
         "prompts": f"{settings['num_questions']} x {settings['max_new_tokens']}",
         "plain": methods["plain"]["tokens_per_s"],
+        "compiled_plain": compiled["tokens_per_s"] if compiled else None,
         "tree": tree,
         "peer": max(peers, key=lambda m: m["speedup"] or 0.0) if peers else None,
         "date": str(settings.get("date", ""))[:10],
@@ -61,7 +66,17 @@ def headline(run: dict[str, Any]) -> dict[str, Any]:
 def _cell(method: dict[str, Any] | None) -> str:
     if method is None:
         return "n/a"
-    return f"{method['method']}: **{method['speedup']:.2f}x** (tau {method['tau']:.2f})"
+    versus = method.get("speedup_compiled")
+    compiled = f", {versus:.2f}x compiled plain" if versus is not None and method["method"] != COMPILED_BASELINE else ""
+    return f"{method['method']}: **{method['speedup']:.2f}x**{compiled} (tau {method['tau']:.2f})"
+
+
+def _identical(method: dict[str, Any]) -> str:
+    if not method.get("compared"):
+        return "n/a (sampled)"
+    eager = method.get("identical_eager")
+    return f"{method['identical']}/{method['compared']}" + (
+        f" ({eager}/{method['compared']} vs eager)" if eager is not None else "")
 
 
 def render(runs: list[dict[str, Any]]) -> str:
@@ -69,16 +84,16 @@ def render(runs: list[dict[str, Any]]) -> str:
     rows = [headline(run) for run in runs]
     lines = [
         BEGIN,
-        "| machine | dtype | decoding | prompts x new tokens | plain tokens/s | tree (speedup, tau) "
-        "| transformers' best assisted (speedup, tau) | greedy rows identical | date, commit |",
+        "| machine | dtype | decoding | prompts x new tokens | plain tokens/s (eager, compiled) "
+        "| fastest tree (speedup, tau) | transformers' best assisted (speedup, tau) | greedy rows identical "
+        "| date, commit |",
         "|---|---|---|---|---:|---|---|---|---|",
     ]
     for row in rows:
-        tree = row["tree"]
-        identical = f"{tree['identical']}/{tree['compared']}" if tree.get("compared") else "n/a (sampled)"
+        compiled = f", {row['compiled_plain']:.1f}" if row["compiled_plain"] is not None else ""
         lines.append(f"| {row['hardware']} | {row['dtype']} | {row['decoding']} | {row['prompts']} | "
-                     f"{row['plain']:.1f} | {_cell(tree)} | {_cell(row['peer'])} | {identical} | "
-                     f"{row['date']}, {row['commit']} |")
+                     f"{row['plain']:.1f}{compiled} | {_cell(row['tree'])} | {_cell(row['peer'])} | "
+                     f"{_identical(row['tree'])} | {row['date']}, {row['commit']} |")
     lines.append("")
     lines.append("Commands (" + "; ".join(sorted({r["versions"] for r in rows})) + "):")
     lines.append("")

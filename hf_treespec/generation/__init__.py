@@ -4,6 +4,7 @@ from .config import TREE_GENERATION_KWARGS, TreeSpecSettings
 from .decoding import TreeSpecGenerateOutput, tree_speculative_decoding
 from .enable import enable, is_enabled
 from .entry import tree_generate
+from .plain import plain_generate
 
 __all__ = [
     "TREE_GENERATION_KWARGS",
@@ -11,6 +12,7 @@ __all__ = [
     "TreeSpecSettings",
     "enable",
     "is_enabled",
+    "plain_generate",
     "tree_generate",
     "tree_speculative_decoding",
 ]

@@ -21,7 +21,6 @@ stopping-criteria call, and no row's policy runs.
 from __future__ import annotations
 
 import copy
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -31,7 +30,6 @@ from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria
 from ..attention import check_tree_attention
 from ..compat import CACHE_KWARG
 from ..drafters.base import Drafter, TargetFeatures, as_drafter
-from ..features import capture_hidden_states
 from ..policies import TreePolicy
 from ..ragged_cache import RaggedKV
 from ..step_context import DecodingSetup, StepContext, StepOutcome, sampling_params
@@ -42,6 +40,7 @@ from .draft_source import WarpedDraftSource
 from .lockstep import LockstepDraftSource, build_in_lockstep
 from .processors import process_tree_logits, processors_for_rows
 from .stopping import tokens_before_stop
+from .target import TargetForward, compiled_for_generation
 
 
 @dataclass
@@ -113,7 +112,9 @@ def batched_tree_decoding(
     # local), so the rows share the policy's parameters, helper networks and, under "auto", its speed model, which
     # observes the batch step; the verifier checks every drafted row in one `verify_rows` call
     policy, verifier = resolve(generation_config, first_drafter)
-    policy.setup(DecodingSetup(model, first_drafter, *sampling_params(generation_config), batch=batch))
+    compiled = compiled_for_generation(model, cache, generation_config, sliding=False, batch=batch)
+    policy.setup(DecodingSetup(model, first_drafter, *sampling_params(generation_config), batch=batch,
+                               compiled=compiled))
     rows = []
     for index in range(batch):
         drafter = first_drafter if index == 0 else fork_drafter(first_drafter, assistant_model, model)
@@ -131,7 +132,7 @@ def batched_tree_decoding(
     t_start = clock.now()
     layers = tuple(first_drafter.target_layers or ())
     captured = layers + ((-1,) if "target_hidden" in needs else ())
-    capture = (lambda: capture_hidden_states(model, captured)) if captured else (lambda: nullcontext(None))
+    target = TargetForward(model, cache, captured, compiled)
     temperature, top_p = sampling_params(generation_config)
     draft_mean, target_mean = RunningMean(), RunningMean()
     kv = RaggedKV(cache, prompt_mask)
@@ -193,10 +194,9 @@ def batched_tree_decoding(
 
     # prefill: every row's first token, chosen as plain batched generate chooses it
     positions = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0).to(device)
-    with capture() as states:
-        out = model(input_ids=input_ids, attention_mask=prompt_mask.long().to(device), position_ids=positions,
-                    use_cache=True, logits_to_keep=1, **{CACHE_KWARG: cache})
-    logits = out.logits[:, -1].float()
+    prefill_logits, states = target.prefill(input_ids=input_ids, attention_mask=prompt_mask.long().to(device),
+                                            position_ids=positions, logits_to_keep=1)
+    logits = prefill_logits[:, -1].float()
     processed = logits_processor(input_ids, logits)
     first = torch.multinomial(processed.softmax(-1), 1)[:, 0] if do_sample else processed.argmax(-1)
     t0 = clock.now()
@@ -222,12 +222,10 @@ def batched_tree_decoding(
         t1 = clock.now()
         draft_rounds += rounds
         ids, pos, mask4d = kv.tree_inputs(trees, mask_dtype)
-        with capture() as states:
-            out = model(input_ids=ids.to(device), position_ids=pos.to(device), attention_mask=mask4d.to(device),
-                        use_cache=True, **{CACHE_KWARG: cache})
+        step_logits, states = target.step(ids.to(device), pos.to(device), mask4d.to(device))
         if "latencies" in needs:
             target_mean.add(clock.now() - t1)
-        all_logits = out.logits.float()
+        all_logits = step_logits.float()
         free = {slot for slot, tree in enumerate(trees) if tree.num_nodes == 1 and not want_scores}
         outcome = plain_rows(sorted(free), all_logits)  # slot -> (next token, stopped, raw rows, processed rows)
         verdicts = [root_only] * len(active)

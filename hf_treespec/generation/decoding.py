@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import functools
-from contextlib import nullcontext
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
-from ..attention import check_tree_attention
+from ..attention import causal_row_mask, check_tree_attention
 from ..cache import TreeKV, keep_rows, to_device
 from ..compat import CACHE_KWARG
 from ..drafters.base import TargetFeatures
-from ..features import capture_hidden_states
 from ..step_context import DecodingSetup, StepContext, StepOutcome, sampling_params
 from ..timing import Clock, RunningMean
 from ..tree import DraftTree
@@ -24,6 +22,7 @@ from .components import (
 from .draft_source import WarpedDraftSource
 from .processors import process_tree_logits
 from .stopping import tokens_before_stop
+from .target import TargetForward, compiled_for_generation
 
 
 def returns_outside_inference_mode(decode):
@@ -36,7 +35,7 @@ def returns_outside_inference_mode(decode):
     def run(*args, **kwargs):
         with torch.inference_mode():
             out = decode(*args, **kwargs)
-        if not isinstance(out, TreeSpecGenerateOutput):
+        if isinstance(out, torch.Tensor):
             return out.clone()
         out.sequences = out.sequences.clone()
         for name in ("scores", "logits"):
@@ -79,11 +78,12 @@ def tree_speculative_decoding(
     check_tree_attention(model, role="target model")
     drafter = check_drafter(model, assistant_model)
     policy, verifier = resolve(generation_config, drafter)
-    policy.setup(DecodingSetup(model, drafter, *sampling_params(generation_config)))
     cache = model_kwargs.get(CACHE_KWARG)
     if cache is None:
         raise ValueError("tree speculation needs use_cache=True.")
     windows = prepare(model, cache, role="target model")  # sliding layers made full-length; windows in the masks
+    compiled = compiled_for_generation(model, cache, generation_config, sliding=windows is not None)
+    policy.setup(DecodingSetup(model, drafter, *sampling_params(generation_config), compiled=compiled))
 
     do_sample = generation_config.do_sample
     want_dict = generation_config.return_dict_in_generate
@@ -103,7 +103,7 @@ def tree_speculative_decoding(
     layers = tuple(drafter.target_layers or ())
     # the target's pre-norm last state is captured (after the drafter's layers) only for policies that read it
     captured = layers + ((-1,) if "target_hidden" in needs else ())
-    capture = (lambda: capture_hidden_states(model, captured)) if captured else (lambda: nullcontext(None))
+    target = TargetForward(model, cache, captured, compiled)
 
     def drafter_features(states, rows) -> TargetFeatures | None:
         return TargetFeatures(states.joined(len(layers))[0, rows]) if layers else None
@@ -122,16 +122,11 @@ def tree_speculative_decoding(
             draft_seconds=draft_mean.value, target_seconds=target_mean.value,
         )
 
-    with capture() as states:
-        out = model(
-            input_ids=input_ids,
-            position_ids=torch.arange(prompt_len, device=device)[None],
-            use_cache=True,
-            logits_to_keep=1,
-            **{CACHE_KWARG: cache},
-        )
+    prefill_logits, states = target.prefill(
+        input_ids=input_ids, position_ids=torch.arange(prompt_len, device=device)[None], logits_to_keep=1
+    )
     target_kv.committed = prompt_len
-    logits = out.logits[:, -1].float()
+    logits = prefill_logits[:, -1].float()
     processed = logits_processor(input_ids, logits)
     first = torch.multinomial(processed.softmax(-1), 1)[0] if do_sample else processed.argmax(-1)
     t0 = clock.now()
@@ -165,19 +160,18 @@ def tree_speculative_decoding(
     def target_forward(since: float, **inputs):
         """The target's step forward, capturing what the drafter and policy read; the time from ``since`` (the end of
         drafting: building the inputs counts) to its end is the policy's target latency."""
-        with capture() as states:
-            out = model(**inputs, use_cache=True, **{CACHE_KWARG: cache})
+        out = target.step(**inputs)
         if "latencies" in needs:
             target_mean.add(clock.now() - since)
-        return out, states
+        return out
 
     def verify_tree(tree: DraftTree, since: float):
         """One target forward over the whole tree (4D tree mask), verified; the cache keeps the accepted path."""
         nodes = torch.arange(tree.num_nodes)  # the tree is host bookkeeping; one copy of the forward's inputs
         ids, positions, mask4d = tree_inputs(target_kv, tree, nodes, mask_dtype, device, windows)
-        out, states = target_forward(since, input_ids=ids, position_ids=positions, attention_mask=mask4d)
+        step_logits, states = target_forward(since, input_ids=ids, position_ids=positions, attention_mask=mask4d)
         target_kv.fed(tree, nodes)
-        raw = out.logits[0].float()
+        raw = step_logits[0].float()
         processed = process_tree_logits(logits_processor, input_ids, tree, nodes, raw)
         result = verifier.verify(tree, processed)
         target_kv.commit(tree, result.accepted)
@@ -191,9 +185,10 @@ def tree_speculative_decoding(
         (the rows returned are the accepted path's already)."""
         ids = tree.tokens[:1].view(1, 1).to(device)
         positions = torch.tensor([[target_kv.committed]], device=device)
-        out, states = target_forward(since, input_ids=ids, position_ids=positions)
+        mask = causal_row_mask(1, target_kv.committed + 1, mask_dtype, device) if target.explicit_masks else None
+        step_logits, states = target_forward(since, input_ids=ids, position_ids=positions, attention_mask=mask)
         target_kv.append_committed(1)
-        raw = out.logits[0].float()  # [1, V]: the root's row is the accepted path's only row, no indexing needed
+        raw = step_logits[0].float()  # [1, V]: the root's row is the accepted path's only row, no indexing needed
         processed = logits_processor(input_ids, raw)
         return states, root_only, raw, processed, verifier.target_choice(processed[0])
 

@@ -161,7 +161,7 @@ class TreePolicy(ABC):
         key = (id(assistant), getattr(assistant, "name_or_path", ""), type(setup.drafter).__name__,
                setup.temperature, setup.top_p)
         self.speed = speed_model_for(setup.target, key, batch=setup.batch,
-                                     batched_drafting=setup.drafter.batches_rows)
+                                     batched_drafting=setup.drafter.batches_rows, compiled=setup.compiled)
 
     def observe(self, outcome: StepOutcome) -> None:
         """Feedback after every verified step. An auto-sized policy's speed model learns the step's costs, the

@@ -1,0 +1,16 @@
+"""The compiled target path: the target's forward compiled once per process over a preallocated KV cache.
+
+Opt in per call with ``generate(..., compile_config=CompileConfig())`` (or on ``model.generation_config``);
+``disable_compile=True`` turns it off. `compiled_generate` is plain decoding through the same compiled forward: the
+baseline a compiled tree run is measured against.
+"""
+
+from .forward import (
+    CompiledForward, CompileSettings, compiled_forward_for, release, settings_from_generation_config,
+)
+from .preallocated import PreallocatedLayer, preallocate, reserve
+
+__all__ = [
+    "CompileSettings", "CompiledForward", "PreallocatedLayer", "compiled_forward_for", "preallocate", "release",
+    "reserve", "settings_from_generation_config",
+]

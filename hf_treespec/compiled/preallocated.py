@@ -1,0 +1,133 @@
+"""`PreallocatedLayer`: a ``DynamicLayer`` whose rows live in one preallocated buffer, for compiled forwards.
+
+A ``DynamicLayer`` grows by ``torch.cat``: every step copies the whole cache and hands a compiled graph a new tensor.
+Here the rows live in a buffer of ``capacity`` rows and ``keys`` / ``values`` are *views* of the used rows, so
+everything that reads or edits a ``DynamicLayer`` works unchanged: writing through ``layer.keys[...]`` writes the
+buffer, and cutting with ``layer.keys = layer.keys[..., :n, :]`` (`hf_treespec.cache.keep_rows`, `RaggedKV`,
+``crop``) keeps a view of it.
+
+Two ways to write a forward's new rows:
+- eagerly (the prefill, any uncompiled forward): right after the used rows, ``keys`` / ``values`` then view them;
+- inside a compiled graph: at the buffer columns `WriteSlots.index` names (set by `CompiledForward` before the call),
+  and the *whole* buffers are returned, the mask covering every column. The graph thus reads and writes only the
+  buffers, never their views (inputs aliasing each other are what AOT autograd cannot always trace with dynamic
+  sizes), and its KV length is the buffer's capacity, a dynamic dimension that changes only when a buffer grows.
+
+`reserve` runs eagerly before every compiled forward: it grows a buffer that would overflow, and re-adopts a layer
+whose ``keys`` an editor replaced by a tensor of its own (``RaggedKV.retire`` selects batch rows into a new tensor).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import DynamicLayer
+
+
+def _mark_dynamic(tensor: torch.Tensor, dim: int) -> None:
+    """Tells ``torch.compile`` that ``tensor``'s ``dim`` varies, so a new size is not a new graph."""
+    torch._dynamo.maybe_mark_dynamic(tensor, dim)
+
+
+class WriteSlots:
+    """The buffer columns a compiled forward writes its new rows to (one index shared by every layer of a cache)."""
+
+    def __init__(self) -> None:
+        self.index: torch.Tensor | None = None
+
+
+class PreallocatedLayer(DynamicLayer):
+    """One layer's keys and values in buffers of ``capacity`` rows; ``keys`` / ``values`` view the first rows."""
+
+    def __init__(self, capacity: int, slots: WriteSlots | None = None):
+        super().__init__()
+        if capacity < 1:
+            raise ValueError(f"PreallocatedLayer needs a capacity of at least one row, got {capacity}.")
+        self.capacity = capacity
+        self.slots = slots if slots is not None else WriteSlots()
+        self.key_buffer: torch.Tensor | None = None
+        self.value_buffer: torch.Tensor | None = None
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        self._allocate(key_states, value_states, max(self.capacity, key_states.shape[-2]))
+        self.keys, self.values = self.key_buffer[..., :0, :], self.value_buffer[..., :0, :]
+        self.is_initialized = True
+
+    def _allocate(self, keys_like: torch.Tensor, values_like: torch.Tensor, capacity: int) -> None:
+        batch, heads = keys_like.shape[:2]
+        self.key_buffer = keys_like.new_zeros(batch, heads, capacity, keys_like.shape[-1])
+        self.value_buffer = values_like.new_zeros(batch, values_like.shape[1], capacity, values_like.shape[-1])
+        for buffer in (self.key_buffer, self.value_buffer):
+            _mark_dynamic(buffer, 0)
+            _mark_dynamic(buffer, 2)
+        self.capacity = capacity
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        if torch.compiler.is_compiling():  # after `reserve`, at the slots the caller chose; see the module
+            self.key_buffer.index_copy_(2, self.slots.index, key_states)
+            self.value_buffer.index_copy_(2, self.slots.index, value_states)
+            return self.key_buffer, self.value_buffer
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        else:
+            self.reserve(key_states.shape[-2])
+        length, new = self.keys.shape[-2], key_states.shape[-2]
+        index = torch.arange(length, length + new, device=key_states.device)
+        self.key_buffer.index_copy_(2, index, key_states)
+        self.value_buffer.index_copy_(2, index, value_states)
+        self.keys = self.key_buffer[..., : length + new, :]
+        self.values = self.value_buffer[..., : length + new, :]
+        return self.keys, self.values
+
+    def holds_views(self) -> bool:
+        """Whether ``keys`` / ``values`` are still views of the first rows of this layer's buffers."""
+        return all(
+            view is not None and buffer is not None and view.data_ptr() == buffer.data_ptr()
+            and view.shape[:2] == buffer.shape[:2] and view.stride() == buffer.stride()
+            for view, buffer in ((self.keys, self.key_buffer), (self.values, self.value_buffer))
+        )
+
+    def reserve(self, new_rows: int) -> None:
+        """Makes room for ``new_rows`` more rows (doubling the capacity when it must grow) and makes ``keys`` /
+        ``values`` views of the buffers again; eager, before a compiled forward."""
+        if not self.is_initialized:
+            return
+        length = self.keys.shape[-2]
+        needed = length + new_rows
+        if self.holds_views() and needed <= self.capacity:
+            return
+        keys, values = self.keys, self.values
+        capacity = self.capacity if needed <= self.capacity else max(needed, 2 * self.capacity)
+        self._allocate(keys, values, capacity)
+        self.key_buffer[..., :length, :] = keys
+        self.value_buffer[..., :length, :] = values
+        self.keys = self.key_buffer[..., :length, :]
+        self.values = self.value_buffer[..., :length, :]
+
+    def view_rows(self, length: int) -> None:
+        """``keys`` / ``values`` become views of the buffers' first ``length`` rows (after a compiled forward wrote
+        its rows into the buffers)."""
+        self.keys = self.key_buffer[..., :length, :]
+        self.values = self.value_buffer[..., :length, :]
+
+
+def preallocate(cache, capacity: int) -> None:
+    """Replaces every layer of the empty ``cache`` (a ``DynamicCache`` of full-attention layers) by a
+    `PreallocatedLayer` of ``capacity`` rows, in place."""
+    if cache.get_seq_length() != 0:
+        raise ValueError("preallocate needs an empty cache; do not pass a filled past_key_values to a compiled run.")
+    slots = WriteSlots()
+    for index, layer in enumerate(cache.layers):
+        if type(layer) is not DynamicLayer:
+            raise ValueError(
+                f"a compiled forward needs a DynamicCache of plain DynamicLayers; layer {index} is a "
+                f"{type(layer).__name__}."
+            )
+        cache.layers[index] = PreallocatedLayer(capacity, slots)
+
+
+def reserve(cache, new_rows: int) -> None:
+    """`PreallocatedLayer.reserve` on every layer of ``cache``."""
+    for layer in cache.layers:
+        layer.reserve(new_rows)

@@ -1,0 +1,97 @@
+"""`plain_generate`: plain decoding (one token per target forward) through `TargetForward`, as a ``custom_generate``.
+
+With ``compile_config`` it runs every step through the same compiled forward as a compiled tree run (the same graphs,
+the same eager prefill, the same explicit masks), so it is the baseline a compiled tree run is measured against:
+transformers' own compile switch does not fire on a CPU. Without it, it is an eager plain loop. Greedy or sampled
+exactly as ``generate``'s ``_sample`` chooses tokens (argmax / one multinomial draw of the processed scores), left
+padded batches included.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+from ..compat import CACHE_KWARG
+from .decoding import returns_outside_inference_mode
+from .target import TargetForward, compiled_for_generation
+
+
+@returns_outside_inference_mode
+def plain_decoding(
+    model,
+    input_ids: torch.LongTensor,
+    logits_processor: LogitsProcessorList,
+    stopping_criteria: StoppingCriteriaList,
+    generation_config: GenerationConfig,
+    streamer=None,
+    **model_kwargs,
+):
+    """Plain decoding loop (``generate``'s decoding-method inputs and outputs); entry: `plain_generate`."""
+    cache = model_kwargs.get(CACHE_KWARG)
+    if cache is None:
+        raise ValueError("plain_generate needs use_cache=True.")
+    device = input_ids.device
+    batch = input_ids.shape[0]
+    prompt_mask = model_kwargs.get("attention_mask")
+    if prompt_mask is None:
+        prompt_mask = torch.ones_like(input_ids)
+    sliding = any(getattr(layer, "is_sliding", False) for layer in cache.layers)
+    target = TargetForward(model, cache, (), compiled_for_generation(model, cache, generation_config, sliding, batch))
+    want_dict = generation_config.return_dict_in_generate
+    scores = () if (want_dict and generation_config.output_scores) else None
+    raw_logits = () if (want_dict and generation_config.output_logits) else None
+    pad = generation_config.pad_token_id
+
+    positions = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
+    logits, _ = target.prefill(input_ids=input_ids, attention_mask=prompt_mask, position_ids=positions,
+                               logits_to_keep=1)
+    columns = prompt_mask.bool()  # [B, n]: the cache columns each row attends to
+    unfinished = torch.ones(batch, dtype=torch.long, device=device)
+    position = positions[:, -1:]
+    while True:
+        raw = logits[:, -1].float()
+        processed = logits_processor(input_ids, raw)
+        if scores is not None:
+            scores += (processed,)
+        if raw_logits is not None:
+            raw_logits += (raw,)
+        if generation_config.do_sample:
+            tokens = torch.multinomial(processed.softmax(-1), num_samples=1).squeeze(1)
+        else:
+            tokens = processed.argmax(-1)
+        if pad is not None:
+            tokens = tokens * unfinished + pad * (1 - unfinished)
+        input_ids = torch.cat([input_ids, tokens[:, None]], dim=-1)
+        if streamer is not None:
+            streamer.put(tokens.cpu())
+        unfinished = unfinished * (~stopping_criteria(input_ids, processed)).long()
+        if not bool(unfinished.any()):
+            break
+        columns = torch.cat([columns, torch.ones(batch, 1, dtype=torch.bool, device=device)], dim=-1)
+        position = position + 1
+        mask = additive_mask(columns, model.dtype) if target.explicit_masks else columns.long()
+        logits, _ = target.step(tokens[:, None], position, mask)
+    if streamer is not None:
+        streamer.end()
+    if not want_dict:
+        return input_ids
+    return GenerateDecoderOnlyOutput(sequences=input_ids, scores=scores, logits=raw_logits,
+                                     **{CACHE_KWARG: cache})
+
+
+def additive_mask(columns: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``[B, n]`` bool columns a one-token step attends to -> its ``[B, 1, 1, n]`` additive mask."""
+    mask = torch.zeros(columns.shape, dtype=dtype, device=columns.device)
+    return mask.masked_fill_(~columns, torch.finfo(dtype).min)[:, None, None, :]
+
+
+def plain_generate(model, input_ids, logits_processor, stopping_criteria, generation_config, streamer=None,
+                   **kwargs):
+    """Plain decoding for ``generate(custom_generate=plain_generate, ...)``; with ``compile_config=CompileConfig()``
+    the steps run through the compiled target forward."""
+    for unused in ("synced_gpus", "inputs_tensor", "assistant_tokenizer", "tokenizer", "assistant_model"):
+        kwargs.pop(unused, None)
+    return plain_decoding(model, input_ids, logits_processor, stopping_criteria, generation_config,
+                          streamer=streamer, **kwargs)

@@ -1,0 +1,85 @@
+"""`TargetForward`: the target's forwards of one decoding loop (prefill, then steps), eager or compiled.
+
+Both return ``(logits, states)``: the logits of every fed row and the decoder-layer outputs the drafter and policy
+read (None when none are read). The prefill always runs eagerly (a prompt is a shape of its own, run once); with a
+`CompiledForward` every step runs through the compiled graphs over a `PreallocatedLayer` cache. A compiled step is
+always given an explicit 4D mask, so a draft-free step and a tree step differ only in their row count.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import nullcontext
+
+import torch
+
+from ..compat import CACHE_KWARG
+from ..compiled import CompiledForward, compiled_forward_for, preallocate, settings_from_generation_config
+from ..features import capture_hidden_states
+
+logger = logging.getLogger(__name__)
+
+#: rows a compiled run's cache holds beyond ``generation_config.max_length`` before it must grow (one large tree)
+TREE_HEADROOM = 128
+
+
+def compiled_for_generation(model, cache, generation_config, sliding: bool, batch: int = 1
+                            ) -> CompiledForward | None:
+    """The compiled forward a ``generate`` call asks for (``compile_config``; `settings_from_generation_config`),
+    with ``cache`` preallocated for it; None: eager. A sliding-window target stays eager (its windows live in
+    per-layer-type masks), with a warning, as does a model whose compilation failed (in this call or earlier in this
+    process)."""
+    device = next(model.parameters()).device
+    settings = settings_from_generation_config(generation_config, device)
+    if settings is None:
+        return None
+    if sliding:
+        logger.warning("hf_treespec: compile_config is ignored for a sliding-window target (its tree masks are one "
+                       "per layer type); decoding with the eager forward.")
+        return None
+    compiled = compiled_forward_for(model, settings)
+    compiled.warm_up(batch)  # compiles what this batch shape has not compiled yet, in a fixed order (see warm_up)
+    if compiled.failure is not None:
+        return None
+    preallocate(cache, int(generation_config.max_length or 0) + TREE_HEADROOM)
+    return compiled
+
+
+class TargetForward:
+    """The target ``model``'s forwards over ``cache``, capturing decoder layers ``layers`` (``-1``: the last)."""
+
+    def __init__(self, model, cache, layers: tuple[int, ...], compiled: CompiledForward | None = None):
+        self.model = model
+        self.cache = cache
+        self.layers = tuple(layers)
+        self.compiled = compiled
+
+    @property
+    def explicit_masks(self) -> bool:
+        """Whether every step must pass its 4D mask (compiled steps do: one graph for every step of a row count)."""
+        return self.compiled is not None and self.compiled.failure is None
+
+    def prefill(self, **inputs) -> tuple[torch.Tensor, object]:
+        """The eager prompt forward (``inputs``: what the model takes besides the cache)."""
+        return self._eager(inputs)
+
+    def step(self, input_ids, position_ids, attention_mask=None) -> tuple[torch.Tensor, object]:
+        """One step's forward: ``input_ids`` / ``position_ids`` ``[B, q]``, ``attention_mask`` 4D (or None: causal,
+        eager only)."""
+        if not self.explicit_masks:
+            inputs = {"input_ids": input_ids, "position_ids": position_ids}
+            if attention_mask is not None:
+                inputs["attention_mask"] = attention_mask
+            return self._eager(inputs)
+        logits = self.compiled(input_ids, position_ids, attention_mask, self.cache)
+        return logits, self.compiled.states(self.layers)
+
+    def _eager(self, inputs: dict) -> tuple[torch.Tensor, object]:
+        if self.compiled is not None:  # its hooks capture every layer, eager forwards included
+            self.compiled.clear()
+            out = self.model(**inputs, use_cache=True, **{CACHE_KWARG: self.cache})
+            return out.logits, self.compiled.states(self.layers)
+        capture = capture_hidden_states(self.model, self.layers) if self.layers else nullcontext(None)
+        with capture as states:
+            out = self.model(**inputs, use_cache=True, **{CACHE_KWARG: self.cache})
+        return out.logits, states

@@ -1,0 +1,186 @@
+"""The compiled target path (`hf_treespec.compiled`): preallocated cache layers, compiled steps, fallback, no
+recompiles as the context grows, and lossless decoding through it (greedy identity, sampling law).
+
+Greedy identity is checked against plain decoding through the *same* compiled forward (`plain_generate`): compiled
+kernels may round differently from eager ones, so that is the identity the product promises for a compiled run.
+Most tests compile with dynamo's ``eager`` backend (the graphs, guards and cache handling of a compiled run at the
+cost of tracing only); the module-scoped ``inductor`` target runs the real recommended settings (frozen weights,
+inductor's C++ kernels) once for the whole module.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from conftest import perturbed_copy, tiny_llama
+from transformers import CompileConfig, DynamicCache
+
+import hf_treespec
+from hf_treespec.cache import keep_rows
+from hf_treespec.compat import CACHE_KWARG
+from hf_treespec.compiled import CompileSettings, PreallocatedLayer, compiled_forward_for, preallocate, release
+from hf_treespec.generation.plain import plain_generate
+from test_generate_sampling import PROMPT, WARP, chi_square_pvalue, exact_law
+
+TRACE_ONLY = CompileConfig(backend="eager", mode=None)
+
+
+def unique_graphs() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+@pytest.fixture(scope="module")
+def traced():
+    """A tiny target and a drafter for dynamo's eager backend (its graphs are per model instance)."""
+    model = hf_treespec.enable(tiny_llama(seed=3))
+    yield model, perturbed_copy(model)
+    release(model)
+
+
+@pytest.fixture(scope="module")
+def inductor():
+    """A tiny target compiled with the recommended settings (inductor, frozen weights), shared by the module."""
+    model = hf_treespec.enable(tiny_llama(seed=4))
+    yield model, perturbed_copy(model)
+    release(model)
+
+
+def test_preallocated_layers_decode_like_dynamic_ones():
+    """Eager: a cache of `PreallocatedLayer` s (capacity 4: it must grow), edited by keep_rows and by a replacement
+    of its views (as RaggedKV.retire does), gives the logits of a DynamicCache step for step."""
+    model = tiny_llama(seed=5)
+    torch.manual_seed(0)
+    caches = [DynamicCache(config=model.config), DynamicCache(config=model.config)]
+    preallocate(caches[1], 4)
+    ids = torch.randint(0, 64, (1, 6))
+    with torch.inference_mode():
+        outs = [model(input_ids=ids, use_cache=True, **{CACHE_KWARG: c}).logits for c in caches]
+        for step in range(12):
+            new = torch.randint(0, 64, (1, 3))
+            outs = [model(input_ids=new, use_cache=True, **{CACHE_KWARG: c}).logits for c in caches]
+            torch.testing.assert_close(outs[0], outs[1])
+            length = caches[0].get_seq_length()
+            for cache in caches:  # keep the first and the last new row (a two-token accepted path)
+                keep_rows(cache, length - 3, torch.tensor([0, 2]))
+            if step == 5:
+                layer = caches[1].layers[0]
+                layer.keys, layer.values = layer.keys.clone(), layer.values.clone()
+    layer = caches[1].layers[0]
+    assert isinstance(layer, PreallocatedLayer) and layer.capacity >= layer.keys.shape[-2] > 4
+    assert layer.holds_views()
+
+
+def test_preallocate_refuses_a_filled_or_sliding_cache():
+    model = tiny_llama(seed=5)
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(input_ids=torch.tensor([[1, 2]]), use_cache=True, **{CACHE_KWARG: cache})
+    with pytest.raises(ValueError, match="empty cache"):
+        preallocate(cache, 8)
+
+
+def test_settings_follow_transformers_compile_config():
+    assert CompileSettings.from_compile_config(CompileConfig()) == CompileSettings.recommended("cpu")
+    assert dict(CompileSettings.recommended("cpu").options) == {"freezing": True, "max_autotune": True}
+    custom = CompileSettings.from_compile_config(CompileConfig(backend="eager", mode=None, options={"a": 1}))
+    assert (custom.backend, custom.mode, custom.options) == ("eager", None, (("a", 1),))
+    assert "dynamic" not in custom.compile_kwargs()  # the varying dimensions are marked per step instead
+
+
+@pytest.mark.parametrize("policy,kwargs", [("chain", {}), ("salf", {"tree_budget": 6}),
+                                           ("eagle2", {"tree_budget": 8}), ("optimal", {"tree_budget": 5})])
+def test_compiled_greedy_equals_compiled_plain_decoding(traced, policy, kwargs):
+    model, drafter = traced
+    ids = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(1))
+    plain = model.generate(ids, max_new_tokens=40, do_sample=False, custom_generate=plain_generate,
+                           compile_config=TRACE_ONLY)
+    assert torch.equal(plain, model.generate(ids, max_new_tokens=40, do_sample=False))
+    out = model.generate(ids, max_new_tokens=40, do_sample=False, assistant_model=drafter, tree_policy=policy,
+                         compile_config=TRACE_ONLY, **kwargs)
+    assert torch.equal(out, plain)
+
+
+def test_compiled_batch_equals_plain_batched_generate(traced):
+    model, drafter = traced
+    ids = torch.randint(1, 64, (3, 10), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    mask[2, :1] = 0
+    plain = model.generate(ids, attention_mask=mask, max_new_tokens=25, do_sample=False, pad_token_id=0)
+    compiled_plain = model.generate(ids, attention_mask=mask, max_new_tokens=25, do_sample=False, pad_token_id=0,
+                                    custom_generate=plain_generate, compile_config=TRACE_ONLY)
+    assert torch.equal(compiled_plain, plain)
+    for policy in ("salf", "chain"):
+        kwargs = {"tree_budget": 6} if policy == "salf" else {}
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=25, do_sample=False, pad_token_id=0,
+                             assistant_model=drafter, tree_policy=policy, compile_config=TRACE_ONLY, **kwargs)
+        assert torch.equal(out, plain), policy
+
+
+def test_disable_compile_keeps_the_eager_forward(traced):
+    model, drafter = traced
+    fresh = hf_treespec.enable(tiny_llama(seed=3))
+    ids = torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(3))
+    fresh.generate(ids, max_new_tokens=5, do_sample=False, assistant_model=drafter, tree_policy="salf",
+                   compile_config=TRACE_ONLY, disable_compile=True)
+    assert "_treespec_compiled_forwards" not in fresh.__dict__
+
+
+def test_compilation_failure_falls_back_to_eager_with_one_warning(caplog):
+    def broken_backend(graph, example_inputs):
+        raise RuntimeError("simulated: no C++ compiler found")
+
+    model = hf_treespec.enable(tiny_llama(seed=6))
+    drafter = perturbed_copy(model)
+    ids = torch.randint(0, 64, (1, 7), generator=torch.Generator().manual_seed(4))
+    reference = model.generate(ids, max_new_tokens=20, do_sample=False)
+    config = CompileConfig(backend=broken_backend, mode=None)
+    with caplog.at_level(logging.WARNING, logger="hf_treespec.compiled.forward"):
+        out = model.generate(ids, max_new_tokens=20, do_sample=False, assistant_model=drafter, tree_policy="salf",
+                             tree_budget=6, compile_config=config)
+        again = model.generate(ids, max_new_tokens=20, do_sample=False, custom_generate=plain_generate,
+                               compile_config=config)
+    assert torch.equal(out, reference) and torch.equal(again, reference)
+    failures = [r for r in caplog.records if "failed" in r.getMessage()]
+    assert len(failures) == 1 and "no C++ compiler" in failures[0].getMessage()
+    release(model)
+
+
+def test_inductor_greedy_identity_and_no_recompile_over_200_steps(inductor):
+    """Real inductor graphs (frozen weights): the tree run equals plain decoding through the same compiled forward,
+    and 200+ steps of growing context after the warm-up add no graph."""
+    model, drafter = inductor
+    ids = torch.randint(0, 64, (1, 8), generator=torch.Generator().manual_seed(5))
+    config = CompileConfig()
+    model.generate(ids, max_new_tokens=2, do_sample=False, custom_generate=plain_generate, compile_config=config)
+    compiled = compiled_forward_for(model, CompileSettings.from_compile_config(config))
+    assert compiled.failure is None and len(compiled.compile_seconds) == 2
+    before = unique_graphs()
+    plain = model.generate(ids, max_new_tokens=200, do_sample=False, custom_generate=plain_generate,
+                           compile_config=config)
+    tree = model.generate(ids, max_new_tokens=200, do_sample=False, assistant_model=drafter, tree_policy="salf",
+                          tree_budget=6, compile_config=config)
+    assert unique_graphs() == before
+    assert torch.equal(tree, plain)
+
+
+@pytest.mark.parametrize("policy,verifier", [("salf", "nss"), ("dyspec", None)])
+def test_inductor_sampling_preserves_the_target_law(inductor, policy, verifier):
+    """Monte-Carlo through the compiled path: the law of the first three sampled tokens equals the target's exact
+    law (chi-square; a correct sampler fails with probability 1e-3)."""
+    model, drafter = inductor
+    law = exact_law(model)
+    n = 600
+    torch.manual_seed(0)
+    counts: dict = {}
+    extra = {"verifier": verifier} if verifier else {}
+    for _ in range(n):
+        out = model.generate(PROMPT, max_new_tokens=3, assistant_model=drafter, tree_policy=policy, tree_budget=6,
+                             compile_config=CompileConfig(), **extra, **WARP)
+        cell = tuple(out[0, -3:].tolist())
+        counts[cell] = counts.get(cell, 0) + 1
+    assert chi_square_pvalue(counts, law, n) > 1e-3
