@@ -172,7 +172,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
                                               compiled=compiled)
     hardware = detect(model.device)
     print(f"{options.model} ({dtype}) on {hardware.describe().rsplit(';', 1)[0]}; {options.threads} threads)\n")
-    print("\n".join(cost_curve_lines(curve.to_json())[2:]))
+    print("\n".join(cost_curve_lines(curve.to_json())))
     folder = Path(options.out)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "curve.json").write_text(json.dumps({**curve.to_json(), "hardware": hardware.as_dict()}, indent=1))
@@ -190,7 +190,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     if compiled_curve is not None:
         from .benchmark.report import plot_cost_curves
 
-        print("\n" + "\n".join(cost_curve_lines(compiled_curve.to_json(), compiled=True)[2:]))
+        print("\n" + "\n".join(cost_curve_lines(compiled_curve.to_json(), compiled=True)))
         (folder / "compiled_curve.json").write_text(
             json.dumps({**compiled_curve.to_json(), "hardware": hardware.as_dict()}, indent=1))
         plot_cost_curves({"eager": curve, "compiled": compiled_curve}, folder / "curves.png", title=title)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from .attention import causal_row_mask
 from .timing import sync
 
 #: rows of one calibration forward (root included) and cached-context lengths measured
@@ -145,13 +146,6 @@ def cache_path(key: dict, cache_dir: str | Path | None = None) -> Path:
     return Path(cache_dir or default_cache_dir()) / "latency" / f"{digest}.json"
 
 
-def _float_causal_mask(past: int, rows: int, dtype: torch.dtype, device) -> torch.Tensor:
-    """The 4D float mask a tree forward uses (0 / finfo.min), here for a chain: same kernel path as verification."""
-    allowed = torch.ones(rows, past + rows, dtype=torch.bool, device=device).tril(past)
-    mask = torch.zeros(rows, past + rows, dtype=dtype, device=device)
-    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
-
-
 @torch.inference_mode()
 def calibrate_target(
     model: torch.nn.Module,
@@ -179,7 +173,7 @@ def calibrate_target(
         for rows in sizes:
             ids = torch.randint(0, vocab, (1, rows), generator=gen).to(device)
             positions = torch.arange(context, context + rows, device=device)[None]
-            mask = _float_causal_mask(context, rows, dtype, device)
+            mask = causal_row_mask(rows, context + rows, dtype, device)
             best = float("inf")
             warm_up = rows == sizes[0]
             for attempt in range(repeats + warm_up):
@@ -276,7 +270,7 @@ def calibrate_batches(
         for count in rows:
             ids = torch.randint(0, vocab, (batch, count), generator=gen).to(device)
             positions = torch.arange(context, context + count, device=device)[None].expand(batch, -1)
-            mask = _float_causal_mask(context, count, dtype, device).expand(batch, -1, -1, -1)
+            mask = causal_row_mask(count, context + count, dtype, device).expand(batch, -1, -1, -1)
             best = float("inf")
             for attempt in range(repeats + 1):
                 sync(device)

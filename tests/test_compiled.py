@@ -184,3 +184,26 @@ def test_inductor_sampling_preserves_the_target_law(inductor, policy, verifier):
         cell = tuple(out[0, -3:].tolist())
         counts[cell] = counts.get(cell, 0) + 1
     assert chi_square_pvalue(counts, law, n) > 1e-3
+
+
+@pytest.mark.parametrize("input_mode", ["eagle3", "eagle1"])
+def test_feature_drafter_compiled_with_the_target(traced, input_mode):
+    """A feature drafter's expansions run through its own compiled forward when the target's do; greedy output
+    still equals compiled plain decoding, and the drafter's forwards were compiled (two graphs)."""
+    from test_feature_drafter import make_drafter
+
+    from hf_treespec.compiled import CompiledDrafterForward
+
+    model, _ = traced
+    layers = {"eagle3": {"input_mode": "eagle3", "target_layers": [0, 1, 3]}, "eagle1": {}}[input_mode]
+    drafter = make_drafter(model, **layers)
+    drafter.tie_to_target(model)
+    ids = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(6))
+    plain = model.generate(ids, max_new_tokens=30, do_sample=False, custom_generate=plain_generate,
+                           compile_config=TRACE_ONLY)
+    out = model.generate(ids, max_new_tokens=30, do_sample=False, assistant_model=drafter, tree_policy="salf",
+                         tree_budget=6, compile_config=TRACE_ONLY)
+    assert torch.equal(out, plain)
+    compiled = compiled_forward_for(drafter, CompileSettings.from_compile_config(TRACE_ONLY), CompiledDrafterForward)
+    assert compiled.failure is None and len(compiled.compile_seconds) == 2
+    release(drafter)

@@ -78,8 +78,7 @@ def generated_tokens(sequences: torch.Tensor, prompt_width: int, eos: set[int], 
 
 
 def _run_once(method: BenchMethod, model, ids, mask, drafter, gen_kwargs) -> tuple[Any, float]:
-    kwargs = {**gen_kwargs, **method.method_kwargs(drafter), **method.generate_overrides,
-              "return_dict_in_generate": True}
+    kwargs = method.call_kwargs(drafter, gen_kwargs)
     with method.prepared(drafter):
         ids, mask = ids.to(model.device), mask.to(model.device)
         sync(model.device)

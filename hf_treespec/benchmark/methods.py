@@ -137,11 +137,7 @@ class BenchMethod:
     def run(self, model: torch.nn.Module, input_ids: torch.Tensor, drafter: torch.nn.Module | None,
             **generate_kwargs: Any) -> RunOutput:
         """Runs and times one generate call; ``generate_kwargs`` carry the sampling / length settings shared by all."""
-        kwargs = {**generate_kwargs, **self.method_kwargs(drafter), **self.generate_overrides,
-                  "return_dict_in_generate": True}
-        if self.compiled:
-            kwargs["compile_config"] = CompileConfig()
-        kwargs = {k: v for k, v in kwargs.items() if k not in ASSISTANT_CONFIG_KEYS}
+        kwargs = self.call_kwargs(drafter, generate_kwargs)
         attention_mask = torch.ones_like(input_ids)
         with self.prepared(drafter):
             sync(input_ids.device)
@@ -150,6 +146,14 @@ class BenchMethod:
             sync(input_ids.device)
             seconds = time.perf_counter() - start
         return self.collect(out, input_ids.shape[1], seconds)
+
+    def call_kwargs(self, drafter: torch.nn.Module | None, generate_kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Every kwarg of this method's ``generate`` call: the shared ones, the method's own, its settings."""
+        kwargs = {**generate_kwargs, **self.method_kwargs(drafter), **self.generate_overrides,
+                  "return_dict_in_generate": True}
+        if self.compiled:
+            kwargs["compile_config"] = CompileConfig()
+        return {k: v for k, v in kwargs.items() if k not in ASSISTANT_CONFIG_KEYS}
 
     def collect(self, out: Any, prompt_len: int, seconds: float) -> RunOutput:
         return RunOutput(tokens=out.sequences[0, prompt_len:].cpu(), seconds=seconds)

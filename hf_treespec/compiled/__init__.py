@@ -6,11 +6,12 @@ baseline a compiled tree run is measured against.
 """
 
 from .forward import (
-    CompiledForward, CompileSettings, compiled_forward_for, release, settings_from_generation_config,
+    CompiledDrafterForward, CompiledForward, CompileSettings, compiled_forward_for, release,
+    settings_from_generation_config,
 )
 from .preallocated import PreallocatedLayer, preallocate, reserve
 
 __all__ = [
-    "CompileSettings", "CompiledForward", "PreallocatedLayer", "compiled_forward_for", "preallocate", "release",
+    "CompileSettings", "CompiledDrafterForward", "CompiledForward", "PreallocatedLayer", "compiled_forward_for", "preallocate", "release",
     "reserve", "settings_from_generation_config",
 ]

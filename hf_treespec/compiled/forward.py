@@ -119,10 +119,13 @@ def _reason(error: BaseException) -> str:
     return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
 
 
-def _mark_varying(input_ids, position_ids, mask, slots) -> None:
+def _mark_varying(input_ids, position_ids, mask, slots, extra: dict) -> None:
     """Marks the dimensions of a step's inputs that vary between steps (batch, rows, the cache's capacity) as
-    dynamic, and only those: a symbolic head count or head size would cost the kernels their fixed shapes."""
-    for tensor, dims in ((input_ids, (0, 1)), (position_ids, (0, 1)), (mask, (0, 2, 3)), (slots, (0,))):
+    dynamic, and only those: a symbolic head count or head size would cost the kernels their fixed shapes. Extra
+    inputs (a drafter's features) are ``[batch, rows, ...]``."""
+    marks = [(input_ids, (0, 1)), (position_ids, (0, 1)), (mask, (0, 2, 3)), (slots, (0,))]
+    marks += [(tensor, (0, 1)) for tensor in extra.values()]
+    for tensor, dims in marks:
         for dim in dims:
             if tensor.shape[dim] > 1:
                 torch._dynamo.maybe_mark_dynamic(tensor, dim)
@@ -145,66 +148,83 @@ class CompiledForward:
     settings: CompileSettings
     failure: str | None = None
     compile_seconds: dict[str, float] = field(default_factory=dict)
+    #: what the model is, in the log lines
+    role: str = "target"
 
     def __post_init__(self) -> None:
-        self._blocks = decoder_layers(self.model)
-        self._parts: list[torch.Tensor | None] = [None] * len(self._blocks)
-        self._hooks = [block.register_forward_hook(partial(_store_output, self._parts, slot))
-                       for slot, block in enumerate(self._blocks)]
+        self._parts: list[torch.Tensor | None] = []
+        self._hooks = self._capture_hooks()
         self._compiled = torch.compile(self._forward, **self.settings.compile_kwargs())
+
+    def _capture_hooks(self) -> list:
+        """Hooks on every decoder layer storing its output (the drafter's features), registered once."""
+        blocks = decoder_layers(self.model)
+        self._parts[:] = [None] * len(blocks)
+        return [block.register_forward_hook(partial(_store_output, self._parts, slot))
+                for slot, block in enumerate(blocks)]
 
     def _forward(self, input_ids, position_ids, attention_mask, cache):
         return self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
                           use_cache=True, **{CACHE_KWARG: cache}).logits
 
+    def _scratch_prefill(self, prompt: torch.Tensor, cache) -> None:
+        """Fills a warm-up cache with ``prompt`` eagerly."""
+        self.model(input_ids=prompt, use_cache=True, **{CACHE_KWARG: cache})
+
+    def _scratch_extra(self, batch: int, rows: int) -> dict:
+        """The inputs of a warm-up ``[batch, rows]`` step besides tokens, positions, mask and cache (none here)."""
+        return {}
+
     @staticmethod
-    def graph_name(input_ids: torch.Tensor) -> str:
-        batch, rows = input_ids.shape
+    def graph_name(batch: int, rows: int) -> str:
+        """Which compiled graph a ``[batch, rows]`` step runs (torch specialises sizes of 1)."""
         return f"{'batch of 1' if batch == 1 else 'batch'}, {'one row' if rows == 1 else 'several rows'}"
 
-    def __call__(self, input_ids, position_ids, attention_mask, cache) -> torch.Tensor:
-        """The logits ``[B, q, V]`` of one step over ``cache`` (`PreallocatedLayer` s, grown first if needed), with
-        the step's 4D ``attention_mask`` over the cached rows and the new ones, as an eager forward takes it."""
+    def __call__(self, input_ids, position_ids, attention_mask, cache, **extra):
+        """One step over ``cache`` (`PreallocatedLayer` s, grown first if needed), with the step's 4D
+        ``attention_mask`` over the cached rows and the new ones, as an eager forward takes it; returns what
+        `_forward` returns (the target's logits ``[B, q, V]``)."""
         rows = input_ids.shape[1]
         reserve(cache, rows)
         self.clear()
-        if self.failure is not None:
-            return self._forward(input_ids, position_ids, attention_mask, cache)
         first = cache.layers[0]
+        if self.failure is not None or not first.is_initialized:  # an empty cache's first forward is a prefill
+            return self._forward(input_ids, position_ids, attention_mask, cache, **extra)
         used = first.keys.shape[-2] + rows
         first.slots.index = torch.arange(used - rows, used, device=input_ids.device)
         # the graph attends over every buffer column; the columns past the step's rows are masked out
         lowest = torch.finfo(attention_mask.dtype).min
         mask = attention_mask.new_full((*attention_mask.shape[:-1], first.capacity), lowest)
         mask[..., :used] = attention_mask
-        _mark_varying(input_ids, position_ids, mask, first.slots.index)
-        logits = self._compiled_call(input_ids, position_ids, mask, cache)
+        _mark_varying(input_ids, position_ids, mask, first.slots.index, extra)
+        out = self._compiled_call(input_ids, position_ids, mask, cache, extra)
         if self.failure is not None:  # its compilation failed just now: the eager forward ran on the step's own mask
-            return logits
+            return out
         for layer in cache.layers:
             layer.view_rows(used)
-        return logits
+        return out
 
-    def _compiled_call(self, input_ids, position_ids, mask, cache) -> torch.Tensor:
-        name = self.graph_name(input_ids)
+    def _compiled_call(self, input_ids, position_ids, mask, cache, extra: dict):
+        name = self.graph_name(*input_ids.shape)
         if name in self.compile_seconds:
             with self.settings.config_context():
-                return self._compiled(input_ids, position_ids, mask, cache)
-        logger.warning("hf_treespec: compiling the target's forward (%s; %s); a few minutes on a small CPU, once "
-                       "per process.", name, self.settings.describe())
+                return self._compiled(input_ids, position_ids, mask, cache, **extra)
+        logger.warning("hf_treespec: compiling the %s's forward for a %s (%s): minutes on a small CPU, once per "
+                       "process.", self.role, name, self.settings.describe())
         start = time.perf_counter()
         try:
             with self.settings.config_context():
-                logits = self._compiled(input_ids, position_ids, mask, cache)
+                out = self._compiled(input_ids, position_ids, mask, cache, **extra)
         except Exception as error:  # any compiler failure: decode eagerly instead
             self.failure = _reason(error)
-            logger.warning("hf_treespec: compiling the target's forward failed (%s); decoding with the eager forward "
-                           "instead (same tokens as eager decoding).", self.failure)
+            logger.warning("hf_treespec: compiling the %s's forward failed (%s); decoding with its eager forward "
+                           "instead (same tokens as eager decoding).", self.role, self.failure)
             used = cache.layers[0].keys.shape[-2] + input_ids.shape[1]
-            return self._forward(input_ids, position_ids, mask[..., :used], cache)
+            return self._forward(input_ids, position_ids, mask[..., :used], cache, **extra)
         self.compile_seconds[name] = time.perf_counter() - start
-        logger.warning("hf_treespec: compiled (%s) in %.0f s.", name, self.compile_seconds[name])
-        return logits
+        logger.warning("hf_treespec: compiled the %s's forward (%s) in %.0f s.", self.role, name,
+                       self.compile_seconds[name])
+        return out
 
     def clear(self) -> None:
         """Empties the capture slots before a forward: the graph's guards see them (a slot still holding the last
@@ -235,29 +255,56 @@ class CompiledForward:
 
         device = next(self.model.parameters()).device
         dtype = self.model.dtype
-        for count in rows:
+        missing = [count for count in rows if self.graph_name(batch, count) not in self.compile_seconds]
+        if missing and self.failure is None:
+            logger.warning("hf_treespec: compiling %d graph(s) of the %s's forward before decoding (%s).",
+                           len(missing), self.role, ", ".join(self.graph_name(batch, count) for count in missing))
+        for count in missing:
             if self.failure is not None:
                 break
-            if self.graph_name(torch.empty(batch, count)) in self.compile_seconds:
-                continue
             cache = DynamicCache(config=self.model.config)
             preallocate(cache, WARM_UP_CONTEXT + max(rows))
-            prompt = torch.zeros(batch, WARM_UP_CONTEXT, dtype=torch.long, device=device)
-            self.model(input_ids=prompt, use_cache=True, **{CACHE_KWARG: cache})
+            self._scratch_prefill(torch.zeros(batch, WARM_UP_CONTEXT, dtype=torch.long, device=device), cache)
             ids = torch.zeros(batch, count, dtype=torch.long, device=device)
             positions = torch.arange(WARM_UP_CONTEXT, WARM_UP_CONTEXT + count, device=device).repeat(batch, 1)
             visible = torch.ones(count, WARM_UP_CONTEXT + count, dtype=torch.bool, device=device).tril(WARM_UP_CONTEXT)
             mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, torch.finfo(dtype).min)
-            self(ids, positions, mask[None, None].repeat(batch, 1, 1, 1), cache)
+            self(ids, positions, mask[None, None].repeat(batch, 1, 1, 1), cache, **self._scratch_extra(batch, count))
         return dict(self.compile_seconds)
 
 
-def compiled_forward_for(model: torch.nn.Module, settings: CompileSettings) -> CompiledForward:
-    """The `CompiledForward` of ``model`` for ``settings``, kept on the model instance so nothing is compiled twice
-    in one process."""
+@dataclass(eq=False)
+class CompiledDrafterForward(CompiledForward):
+    """A feature drafter's forward (`TreeSpecDrafterModel`: tokens and features in; logits and output features
+    out), compiled as the target's is. Drafting a tree runs several of them a step; eager, their fixed costs weigh
+    on a compiled target's step."""
+
+    role: str = "drafter"
+
+    def _capture_hooks(self) -> list:
+        return []
+
+    def _forward(self, input_ids, position_ids, attention_mask, cache, features=None):
+        out = self.model(input_ids=input_ids, features=features, position_ids=position_ids,
+                         attention_mask=attention_mask, use_cache=True, **{CACHE_KWARG: cache})
+        return out.logits, out.hidden_states
+
+    def _scratch_prefill(self, prompt: torch.Tensor, cache) -> None:
+        self.model(input_ids=prompt, use_cache=True, **self._scratch_extra(*prompt.shape), **{CACHE_KWARG: cache})
+
+    def _scratch_extra(self, batch: int, rows: int) -> dict:
+        device = next(self.model.parameters()).device
+        features = torch.zeros(batch, rows, self.model.config.hidden_size, dtype=self.model.dtype, device=device)
+        return {"features": features}
+
+
+def compiled_forward_for(model: torch.nn.Module, settings: CompileSettings,
+                         kind: type[CompiledForward] = CompiledForward) -> CompiledForward:
+    """The `CompiledForward` (or ``kind``) of ``model`` for ``settings``, kept on the model instance so nothing is
+    compiled twice in one process."""
     store = model.__dict__.setdefault(_STORE, {})
     if settings not in store:
-        store[settings] = CompiledForward(model, settings)
+        store[settings] = kind(model, settings)
     return store[settings]
 
 

@@ -20,10 +20,14 @@ from transformers import DynamicCache
 
 from ..attention import check_tree_attention
 from ..cache import TreeKV, to_device
+from ..compiled.preallocated import preallocate
 from ..tree import DraftTree
 from ..stacked_kv import RowRequest, stack_rows, unstack_new_rows
 from .base import DRAFTER_ADAPTERS, Drafter, TargetFeatures
 from .feature import TreeSpecDrafterModel
+
+#: rows a compiled drafter's cache holds beyond the prompt before it grows (doubling, eagerly, no recompile)
+COMPILED_HEADROOM = 256
 
 
 # `as_drafter` tries adapters in name order: this name sorts before "causal_lm", whose `accepts` would also take a
@@ -50,6 +54,16 @@ class FeatureDrafter(Drafter):
         self._node_features = torch.zeros(0)  # [uid capacity, hidden] drafter output feature per expanded node
         self._node_known = torch.zeros(0, dtype=torch.bool)
         self._device, self._dtype = model.device, model.dtype
+        self._compiled = None  # a CompiledDrafterForward when the target runs compiled (`use_compiled`)
+
+    def use_compiled(self, settings) -> None:
+        """One row's expansions run through the drafter's compiled forward (a batch's stacked rounds stay eager):
+        a step drafts with several forwards, each costing about as much in fixed overhead as its arithmetic."""
+        from ..compiled import CompiledDrafterForward, compiled_forward_for
+
+        compiled = compiled_forward_for(self.model, settings, CompiledDrafterForward)
+        compiled.warm_up()
+        self._compiled = compiled if compiled.failure is None else None
 
     @classmethod
     def accepts(cls, model) -> bool:
@@ -135,6 +149,8 @@ class FeatureDrafter(Drafter):
         self._device, self._dtype = self.model.device, self.model.dtype  # read once per generation (cheap after)
         raw = self._raw_features(features, int(prefix_ids.numel()))
         self.kv = TreeKV(DynamicCache(config=self.model.config))
+        if self._compiled is not None:
+            preallocate(self.kv.cache, int(prefix_ids.numel()) + COMPILED_HEADROOM)
         self.kv.pending = prefix_ids[1:].long().cpu()
         self._pending_raw = [raw[:-1]]
         self._set_root(raw[-1])
@@ -149,17 +165,16 @@ class FeatureDrafter(Drafter):
         # one host-to-device copy for the forward's inputs and the feature-table indices
         ids, positions, mask, *indices = kv.inputs_for(
             tree, nodes, self._dtype, device=self._device, extra=self._node_indices(tree, nodes))
-        out = self.model(
-            input_ids=ids,
-            features=self._input_features(*indices[:2])[None],
-            position_ids=positions,
-            attention_mask=mask,
-            cache=kv.cache,
-            use_cache=True,
-            logits_to_keep=num_nodes,
-        )
-        self._fed(tree, nodes, indices[2], out.hidden_states[0, num_pending:])
-        return self.model.target_logits(out.logits[0].float())
+        features = self._input_features(*indices[:2])[None]
+        if self._compiled is not None:  # every row's logits (a fixed logits_to_keep would be a graph per count)
+            logits, hidden = self._compiled(ids, positions, mask, kv.cache, features=features)
+            logits = logits[:, num_pending:]
+        else:
+            out = self.model(input_ids=ids, features=features, position_ids=positions, attention_mask=mask,
+                             cache=kv.cache, use_cache=True, logits_to_keep=num_nodes)
+            logits, hidden = out.logits, out.hidden_states
+        self._fed(tree, nodes, indices[2], hidden[0, num_pending:])
+        return self.model.target_logits(logits[0].float())
 
     batches_rows = True
 

@@ -120,6 +120,9 @@ def batched_tree_decoding(
         drafter = first_drafter if index == 0 else fork_drafter(first_drafter, assistant_model, model)
         rows.append(RowState(index, input_ids[index : index + 1], drafter,
                              processors_for_rows(logits_processor, index)))
+    if compiled is not None:
+        for row in rows:
+            row.drafter.use_compiled(compiled.settings)
     pad_id = pad_token(generation_config)
 
     do_sample = generation_config.do_sample

@@ -83,6 +83,8 @@ def tree_speculative_decoding(
         raise ValueError("tree speculation needs use_cache=True.")
     windows = prepare(model, cache, role="target model")  # sliding layers made full-length; windows in the masks
     compiled = compiled_for_generation(model, cache, generation_config, sliding=windows is not None)
+    if compiled is not None:
+        drafter.use_compiled(compiled.settings)
     policy.setup(DecodingSetup(model, drafter, *sampling_params(generation_config), compiled=compiled))
 
     do_sample = generation_config.do_sample
