@@ -188,16 +188,20 @@ def test_inductor_sampling_preserves_the_target_law(inductor, policy, verifier):
 
 @pytest.mark.parametrize("input_mode", ["eagle3", "eagle1"])
 def test_feature_drafter_compiled_with_the_target(traced, input_mode):
-    """A feature drafter's expansions run through its own compiled forward when the target's do; greedy output
-    still equals compiled plain decoding, and the drafter's forwards were compiled (two graphs)."""
-    from test_feature_drafter import make_drafter
+    """A feature drafter's expansions run through its own compiled forward when the target's do (a reduced draft
+    vocabulary over the target's shared LM head, as the shipped drafter has); greedy output still equals compiled
+    plain decoding, and the drafter's forward compiled into two graphs, without a graph break."""
+    from test_feature_drafter import make_drafter, permuted_vocab
+    from torch._dynamo.utils import counters
 
     from hf_treespec.compiled import CompiledDrafterForward
 
     model, _ = traced
     layers = {"eagle3": {"input_mode": "eagle3", "target_layers": [0, 1, 3]}, "eagle1": {}}[input_mode]
-    drafter = make_drafter(model, **layers)
-    drafter.tie_to_target(model)
+    drafter = make_drafter(model, draft_vocab_size=40, **layers)
+    drafter.set_draft_vocab(permuted_vocab(40))
+    drafter.tie_to_target(model, lm_head=True)
+    breaks = sum(counters["graph_break"].values())
     ids = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(6))
     plain = model.generate(ids, max_new_tokens=30, do_sample=False, custom_generate=plain_generate,
                            compile_config=TRACE_ONLY)
@@ -206,4 +210,5 @@ def test_feature_drafter_compiled_with_the_target(traced, input_mode):
     assert torch.equal(out, plain)
     compiled = compiled_forward_for(drafter, CompileSettings.from_compile_config(TRACE_ONLY), CompiledDrafterForward)
     assert compiled.failure is None and len(compiled.compile_seconds) == 2
+    assert sum(counters["graph_break"].values()) == breaks
     release(drafter)

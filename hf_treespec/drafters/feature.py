@@ -338,6 +338,9 @@ class TreeSpecDrafterModel(PreTrainedModel):
         if head is None:
             raise self._missing_target("LM head")
         weight = head.weight
+        if torch.compiler.is_compiling():  # no memo to trace (it compares data pointers): the rows are gathered in
+            # the graph, where frozen weights fold the gather and the cast into one constant
+            return F.linear(hidden_states, weight.index_select(0, self.d2t).to(hidden_states.dtype))
         if not self.has_identity_vocab() or weight.dtype != hidden_states.dtype:
             weight = self._shared_head_weight(weight, hidden_states.dtype)
         return F.linear(hidden_states, weight)
