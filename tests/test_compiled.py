@@ -212,3 +212,17 @@ def test_feature_drafter_compiled_with_the_target(traced, input_mode):
     assert compiled.failure is None and len(compiled.compile_seconds) == 2
     assert sum(counters["graph_break"].values()) == breaks
     release(drafter)
+
+
+def test_a_step_dynamo_runs_eagerly_is_still_exact():
+    """Past dynamo's recompile limit a compiled step runs eagerly inside the compiled call: the cache still writes at
+    the step's slots and the padded mask still fits, so the tokens stay those of plain decoding."""
+    model = hf_treespec.enable(tiny_llama(seed=8))
+    drafter = perturbed_copy(model)
+    ids = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(7))
+    reference = model.generate(ids, max_new_tokens=20, do_sample=False)
+    with torch._dynamo.config.patch(recompile_limit=1):  # one graph: the several-rows step is never compiled
+        out = model.generate(ids, max_new_tokens=20, do_sample=False, assistant_model=drafter, tree_policy="salf",
+                             tree_budget=6, compile_config=TRACE_ONLY)
+    assert torch.equal(out, reference)
+    release(model)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+import types
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from functools import partial
@@ -131,6 +132,16 @@ def _mark_varying(input_ids, position_ids, mask, slots, extra: dict) -> None:
                 torch._dynamo.maybe_mark_dynamic(tensor, dim)
 
 
+def _with_own_code(method):
+    """``method`` bound to a copy of its function with a code object of its own. Dynamo keeps compiled graphs, and
+    counts recompilations against its limit, per code object: without a copy, every model compiled in a process
+    would share one code object, and after a few models dynamo would stop compiling it."""
+    function = method.__func__
+    own = types.FunctionType(function.__code__.replace(), function.__globals__, function.__name__,
+                             function.__defaults__, function.__closure__)
+    return types.MethodType(own, method.__self__)
+
+
 def _store_output(parts: list, slot: int, module, args, output) -> None:
     parts[slot] = output[0] if isinstance(output, tuple) else output
 
@@ -154,7 +165,7 @@ class CompiledForward:
     def __post_init__(self) -> None:
         self._parts: list[torch.Tensor | None] = []
         self._hooks = self._capture_hooks()
-        self._compiled = torch.compile(self._forward, **self.settings.compile_kwargs())
+        self._compiled = torch.compile(_with_own_code(self._forward), **self.settings.compile_kwargs())
 
     def _capture_hooks(self) -> list:
         """Hooks on every decoder layer storing its output (the drafter's features), registered once."""
@@ -197,7 +208,10 @@ class CompiledForward:
         mask = attention_mask.new_full((*attention_mask.shape[:-1], first.capacity), lowest)
         mask[..., :used] = attention_mask
         _mark_varying(input_ids, position_ids, mask, first.slots.index, extra)
-        out = self._compiled_call(input_ids, position_ids, mask, cache, extra)
+        try:
+            out = self._compiled_call(input_ids, position_ids, mask, cache, extra)
+        finally:
+            first.slots.index = None
         if self.failure is not None:  # its compilation failed just now: the eager forward ran on the step's own mask
             return out
         for layer in cache.layers:
@@ -219,8 +233,10 @@ class CompiledForward:
             self.failure = _reason(error)
             logger.warning("hf_treespec: compiling the %s's forward failed (%s); decoding with its eager forward "
                            "instead (same tokens as eager decoding).", self.role, self.failure)
-            used = cache.layers[0].keys.shape[-2] + input_ids.shape[1]
-            return self._forward(input_ids, position_ids, mask[..., :used], cache, **extra)
+            first = cache.layers[0]
+            first.slots.index = None
+            return self._forward(input_ids, position_ids, mask[..., : first.keys.shape[-2] + input_ids.shape[1]],
+                                 cache, **extra)
         self.compile_seconds[name] = time.perf_counter() - start
         logger.warning("hf_treespec: compiled the %s's forward (%s) in %.0f s.", self.role, name,
                        self.compile_seconds[name])

@@ -7,9 +7,10 @@ buffer, and cutting with ``layer.keys = layer.keys[..., :n, :]`` (`hf_treespec.c
 ``crop``) keeps a view of it.
 
 Two ways to write a forward's new rows:
-- eagerly (the prefill, any uncompiled forward): right after the used rows, ``keys`` / ``values`` then view them;
-- inside a compiled graph: at the buffer columns `WriteSlots.index` names (set by `CompiledForward` before the call),
-  and the *whole* buffers are returned, the mask covering every column. The graph thus reads and writes only the
+- a plain forward (the prefill, any eager forward): right after the used rows, ``keys`` / ``values`` then view them;
+- a compiled step: at the buffer columns `WriteSlots.index` names (set by `CompiledForward` for the call only), and
+  the *whole* buffers are returned, the mask covering every column. The index, not whether dynamo is tracing,
+  selects this: a step that dynamo runs eagerly (past its recompile limit) computes the same thing. The graph thus reads and writes only the
   buffers, never their views (inputs aliasing each other are what AOT autograd cannot always trace with dynamic
   sizes), and its KV length is the buffer's capacity, a dynamic dimension that changes only when a buffer grows.
 
@@ -64,7 +65,7 @@ class PreallocatedLayer(DynamicLayer):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
                ) -> tuple[torch.Tensor, torch.Tensor]:
-        if torch.compiler.is_compiling():  # after `reserve`, at the slots the caller chose; see the module
+        if self.slots.index is not None:  # a compiled step (traced, or run eagerly by a dynamo that gave up)
             self.key_buffer.index_copy_(2, self.slots.index, key_states)
             self.value_buffer.index_copy_(2, self.slots.index, value_states)
             return self.key_buffer, self.value_buffer
