@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from .cli_options import OptionsParser, add_options, build_config, comma_list, option
+from .cli_options import HelpFormatter, OptionsParser, add_options, build_config, comma_list, option
 from .hardware import AUTO_DTYPE, AUTO_DTYPE_HELP, DEVICE_HELP, DTYPE_CHOICES
 
 #: what --quick sets when not given on the command line: the headline rows only (plain generate, plain decoding through
@@ -46,7 +46,7 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
             "speedup over plain generate measured in the same run, tau (new tokens per target forward), the "
             "draft/verify/other time split and, for greedy decoding, token identity with plain generate."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
         presets={"--quick": QUICK_PRESET},
     )
     add_options(parser, BenchmarkConfig, BenchOutput)
@@ -130,7 +130,7 @@ def add_calibrate_parser(subparsers: argparse._SubParsersAction) -> None:
             "Times one target forward per (new rows, cached context) exactly as a tree verification runs, prints the "
             "curve, writes it as JSON to the latency cache tree_budget='auto' reads and as a PNG plot."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     add_options(parser, CalibrateOptions)
     parser.set_defaults(handler=run_calibrate)

@@ -36,6 +36,20 @@ class CLIOption:
     hidden: bool = False  # not a command-line option (set by code, or by an option of another name)
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default, except where it says nothing: a switch (``--no-progress``: the default is not
+    giving it) or a help text that already states its default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.nargs == 0 or "default:" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+class ExamplesHelpFormatter(argparse.RawDescriptionHelpFormatter, HelpFormatter):
+    """:class:`HelpFormatter` that prints the description as written (a list of example command lines)."""
+
+
 def option(help: str, **cli: Any) -> dict[str, Any]:
     """``metadata=`` for a dataclass field: its help text and :class:`CLIOption` settings."""
     return {"help": help, CLI_KEY: CLIOption(**cli)}

@@ -10,8 +10,9 @@ T = TypeVar("T")
 class Registry(Generic[T]):
     """Maps names to classes. ``get`` raises a ValueError that lists the valid names."""
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, plural: str | None = None):
         self.kind = kind
+        self.plural = plural or f"{kind}s"  # "tree policies", not "tree policys"
         self._entries: dict[str, type[T]] = {}
 
     def register(self, name: str) -> Callable[[type[T]], type[T]]:
@@ -34,7 +35,7 @@ class Registry(Generic[T]):
             return self._entries[name]
         except KeyError:
             raise ValueError(
-                f"Unknown {self.kind} {name!r}. Valid {self.kind}s: {', '.join(sorted(self._entries))}."
+                f"Unknown {self.kind} {name!r}. Valid {self.plural}: {', '.join(sorted(self._entries))}."
             ) from None
 
     def names(self) -> list[str]:

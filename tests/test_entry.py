@@ -4,6 +4,7 @@ feature drafters attached to the target just by passing them as ``assistant_mode
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -84,6 +85,38 @@ def test_stock_model_streamer_gets_prompt_and_every_token(stock, stock_drafter, 
     out = stock.generate(prompt, do_sample=False, max_new_tokens=12, custom_generate=tree_generate,
                          assistant_model=stock_drafter, tree_policy="salf", streamer=streamer)
     assert streamer.tokens == out[0].tolist() and streamer.ended
+
+
+REPOSITORY = Path(__file__).resolve().parents[1]  # holds custom_generate/generate.py + requirements.txt
+
+
+def test_hub_layout_folder_gets_every_generate_argument(stock, stock_drafter, prompt, monkeypatch):
+    """custom_generate=<the repository's path>: transformers loads custom_generate/generate.py as remote code and
+    hands it assistant_model and streamer itself, so the caller's frame is never read."""
+    from hf_treespec.generation import entry
+
+    def no_frame_read(*args, **kwargs):
+        raise AssertionError("the folder form must not read generate's frame")
+
+    monkeypatch.setattr(entry, "_from_generate_call", no_frame_read)
+    collected = []
+
+    class Collect:
+        def put(self, value):
+            collected.extend(value.reshape(-1).tolist())
+
+        def end(self):
+            collected.append("end")
+
+    ref = stock.generate(prompt, do_sample=False, max_new_tokens=14)
+    out = stock.generate(prompt, do_sample=False, max_new_tokens=14, custom_generate=str(REPOSITORY),
+                         trust_remote_code=True, assistant_model=stock_drafter, tree_policy="salf", tree_budget=6,
+                         streamer=Collect(), return_dict_in_generate=True)
+    assert torch.equal(out.sequences, ref) and out.tree_sizes
+    assert collected == out.sequences[0].tolist() + ["end"]
+    with pytest.raises(ValueError, match="needs assistant_model"):
+        stock.generate(prompt, max_new_tokens=4, custom_generate=str(REPOSITORY), trust_remote_code=True,
+                       tree_policy="salf")
 
 
 def test_stock_model_sampling_runs_with_the_policy_default_verifier(stock, stock_drafter, prompt):

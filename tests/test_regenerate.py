@@ -158,7 +158,7 @@ def test_cli_regenerate_then_prepare(target, tokenizer, tmp_path, capsys):  # no
     settings = json.loads((tmp_path / "regen" / "regenerate_config.json").read_text())
     assert settings["dtype"] == summary["dtype"] == resolve_dtype_name("auto")  # --dtype auto, recorded as resolved
     assert summary["answers"] == 6 and summary["new_tokens"] == 24 and summary["chunks_written"] == 2
-    assert summary["tokens_per_s"] > 0
+    assert summary["tokens_per_s"] == pytest.approx(summary["new_tokens"] / summary["generate_seconds"], rel=0.05)
     again = run(*regen)
     assert again["chunks_skipped"] == 2 and again["next_skip"] == summary["next_skip"]
     # next_skip counts records of the split, unusable ones included: a run from there starts right after this one

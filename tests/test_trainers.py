@@ -478,7 +478,13 @@ def test_acceptance_by_depth_on_chain_data(target, tokenizer, tmp_path):
         hits += (drafter.d2t[drafted[roots - 1].argmax(-1)] == states.logits[0, roots].argmax(-1)).tolist()
     assert result["top1_d1"] == pytest.approx(sum(hits) / len(hits), abs=1e-4)
     assert set(result) >= {"top1_d1", "top1_d3", "accept_d2", "tau_chain"}
-    assert 1.0 <= result["tau_chain"] <= 4.0
+    # tau_chain = 1 + E[leading accepted]; E[leading] = sum over depths of P(the first k all accepted)
+    assert result["tau_chain"] == pytest.approx(1.0 + result["mean_accepted"], abs=1e-4)
+    reach, expected = 1.0, 0.0
+    for k in (1, 2, 3):
+        reach *= result[f"accept_d{k}"] or 0.0
+        expected += reach
+    assert result["mean_accepted"] == pytest.approx(expected, abs=2e-3)
     json.dumps(result)
     assert result["accept_d1"] == result["top1_d1"] and result["mean_accepted"] <= 3
     eagle2_data = replace(data, config=replace(data.config, **TREES))

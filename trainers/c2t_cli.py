@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hf_treespec.cli_options import add_options, build_config, comma_list, option
+from hf_treespec.cli_options import HelpFormatter, add_options, build_config, comma_list, option
 from hf_treespec.hardware import AUTO_DTYPE, AUTO_DTYPE_HELP, DTYPE_CHOICES, DTYPES, resolve_dtype_name
 
 
@@ -48,7 +48,7 @@ def add_c2t_commands(commands, threads) -> None:
 
     p = commands.add_parser("c2t-data", help="full EAGLE-2 trees on ShareGPT train prompts, nodes labelled by the "
                                              "target's greedy acceptance (C2T classifier data)",
-                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                            formatter_class=HelpFormatter)
     add_options(p, TargetArguments, C2TDataArguments, C2TDataConfig)
     p.set_defaults(handler=lambda args: run_c2t_data(args, threads))
 
@@ -62,7 +62,7 @@ def add_c2t_commands(commands, threads) -> None:
 
     p = commands.add_parser("static-shape", help="Sequoia's optimal static tree (tree_shape=) from the per-rank "
                                                  "acceptance measured in c2t-data",
-                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                            formatter_class=HelpFormatter)
     add_options(p, StaticShapeArguments)
     p.set_defaults(handler=run_static_shape)
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hf_treespec.cli_options import add_options, none_or, option
+from hf_treespec.cli_options import HelpFormatter, add_options, none_or, option
 
 from .cli_common import TargetArguments, set_threads
 
@@ -42,7 +42,7 @@ class CalibrationArguments:
 def add_calibration_parser(commands) -> None:
     p = commands.add_parser("calibration", help="rank-conditioned top-1 accuracy, ECE and reliability of a drafter, "
                                                 "and the rank mix of its trees (SALF & TALF paper, Figure 2)",
-                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                            formatter_class=HelpFormatter)
     add_options(p, TargetArguments, CalibrationArguments)
     p.set_defaults(handler=run_calibration)
 

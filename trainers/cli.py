@@ -1,23 +1,7 @@
-"""``hf-treespec train ...``: self-distilled data, extraction, EAGLE / HASS / TALF / TTT training, acceptance.
+"""``hf-treespec train ...``: the ``train`` command group (examples: `TRAIN_DESCRIPTION`).
 
 ``hf_treespec`` never imports this package: the ``hf-treespec`` command finds :func:`add_parser` through the
-``hf_treespec.cli`` entry-point group. Subcommands::
-
-    hf-treespec train regenerate --num-prompts 1000 --temperature 0,0.8 --output runs/regen/train  # self-distilled
-    hf-treespec train prepare  --split train --num-conversations 400 --output runs/data/train   # + TALF trees
-    hf-treespec train prepare  --data-file runs/regen/train --input-mode eagle3 --output runs/data/train-e3
-    hf-treespec train eagle    --data runs/data/train --output-dir runs/eagle                  # warm-up
-    hf-treespec train talf     --data runs/data/train --init runs/eagle --output-dir runs/talf
-    hf-treespec train ttt      --data runs/data/train-e3 --output-dir runs/ttt   # EAGLE-3 TTT (+ TALF trees)
-    hf-treespec train evaluate --data runs/data/dev --drafter runs/talf                        # acceptance per depth
-    hf-treespec train calibration --num-conversations 20 --output runs/calibration   # rank-conditioned accuracy
-    hf-treespec train gto      --data runs/data/train --output-dir runs/gto     # GTO from the shipped drafter
-    hf-treespec train nde-data --split train --num-prompts 50 --drafter truncated:6 --temperature 1.0 \
-        --output runs/nde/data-t1                                                           # NDE selector data
-    hf-treespec train nde      --data runs/nde/data-t1 --output-dir runs/nde               # -> tree_selector=
-    hf-treespec train c2t-data --num-prompts 150 --output runs/c2t/data                  # labelled EAGLE-2 trees
-    hf-treespec train c2t      --data runs/c2t/data --output-dir runs/c2t                # -> c2t_classifier=
-    hf-treespec train static-shape --data runs/c2t/data --budget 60                      # -> tree_shape=
+``hf_treespec.cli`` entry-point group.
 
 Every subcommand's options are generated from its config dataclasses, whose defaults are the only ones: the trainers'
 (``eagle`` / ``hass`` / ``talf`` / ``ttt`` / ``gto`` / ``nde`` / ``c2t``, every ``TrainingArguments`` field included)
@@ -35,10 +19,28 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from hf_treespec.cli_options import add_options, option
+from hf_treespec.cli_options import ExamplesHelpFormatter, add_options, option
 
 from .cli_common import ConfigParser, set_threads  # noqa: F401  (re-exported)
 from .regenerate import add_regenerate_parser
+
+
+#: ``hf-treespec train --help``: what the steps are, in the order a drafter is made
+TRAIN_DESCRIPTION = """\
+Train drafters for tree-speculative decoding: self-distilled data, EAGLE / HASS / TALF / EAGLE-3 TTT / GTO training,
+acceptance per depth, and the NDE delay selector and C2T classifier. Typical steps:
+
+  hf-treespec train regenerate --num-prompts 1000 --temperature 0,0.8 --output runs/regen/train
+  hf-treespec train prepare --data-file runs/regen/train --output runs/data/train
+  hf-treespec train eagle --data runs/data/train --output-dir runs/eagle
+  hf-treespec train talf --data runs/data/train --init runs/eagle --output-dir runs/talf
+  hf-treespec train evaluate --data runs/data/dev --drafter runs/talf
+
+Others: prepare --input-mode eagle3 + ttt (EAGLE-3 training-time test), gto (from a trained drafter),
+calibration, nde-data + nde (delay selector), c2t-data + c2t (tree classifier), static-shape.
+Every step takes --config run.yaml and resumes when rerun with the same --output / --output-dir.
+`hf-treespec train STEP --help` lists a step's options.
+"""
 
 
 #: subcommand name -> function adding it to the ``train`` subparsers (registration order = help order)
@@ -60,7 +62,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     """Adds ``train`` and its registered subcommands to the ``hf-treespec`` parser; each sets ``handler``."""
     parser = subparsers.add_parser("train", help="train TreeSpec feature drafters (EAGLE, HASS, TALF, EAGLE-3 TTT, GTO), the NDE "
                                                  "delay selector and the C2T classifier",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                                   description=TRAIN_DESCRIPTION, formatter_class=ExamplesHelpFormatter)
     commands = parser.add_subparsers(dest="train_command", required=True, metavar="STEP", parser_class=ConfigParser)
     for add in SUBCOMMANDS.values():
         add(commands)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from hf_treespec.hardware import AUTO_DTYPE, AUTO_DTYPE_HELP, DTYPE_CHOICES, DTYPES, resolve_dtype_name
 
-from hf_treespec.cli_options import add_options, build_config, comma_list, option
+from hf_treespec.cli_options import HelpFormatter, add_options, build_config, comma_list, option
 
 from .cli_common import (
     TargetArguments, add_config_command, add_short_flags, resume_field, resume_from,
@@ -52,7 +52,7 @@ def add_nde_data_parser(commands) -> None:
     from .nde_data import NDEDataConfig
 
     p = commands.add_parser("nde-data", help="offline block-efficiency / step-time estimates per (k, l1, l2) action "
-                                             "for the NDE delay selector", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                             "for the NDE delay selector", formatter_class=HelpFormatter)
     add_options(p, TargetArguments, NDEDataArguments, NDEDataConfig)
     p.set_defaults(handler=run_nde_data)
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hf_treespec.cli_options import add_options, build_config, comma_list, option
+from hf_treespec.cli_options import HelpFormatter, add_options, build_config, comma_list, option
 from hf_treespec.hardware import AUTO_DTYPE, AUTO_DTYPE_HELP, DTYPE_CHOICES, DTYPES, resolve_dtype_name
 
 from .cli_common import TargetArguments, set_threads
@@ -51,7 +51,7 @@ def add_prepare_parser(commands) -> None:
     from .data import PrepareConfig
 
     p = commands.add_parser("prepare", help="extract target hidden states (and TALF target trees) to disk",
-                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                            formatter_class=HelpFormatter)
     add_options(p, TargetArguments, PrepareArguments, PrepareConfig, defaults=PREPARE_DEFAULTS)
     p.set_defaults(handler=run_prepare)
 

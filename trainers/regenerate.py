@@ -35,7 +35,7 @@ import torch
 from tqdm.auto import tqdm
 
 from hf_treespec.hardware import AUTO_DTYPE, AUTO_DTYPE_HELP, DTYPE_CHOICES, DTYPES, resolve_dtype_name
-from hf_treespec.cli_options import add_options, build_config, comma_list, option
+from hf_treespec.cli_options import ExamplesHelpFormatter, add_options, build_config, comma_list, option
 
 from .chunks import CHUNK_PREFIX, ChunkFolder, CorruptChunkError, batched, read_chunk_with_footer, write_chunk
 
@@ -297,11 +297,25 @@ class RegenerateArguments:
     no_progress: bool = field(default=False, metadata=option("hide the progress bar"))
 
 
+#: ``hf-treespec train regenerate --help``
+REGENERATE_DESCRIPTION = """\
+The target answers the first user turn of ShareGPT train prompts itself (self-distilled data: a drafter is scored on
+what the target says next). Batched, left-padded generate, once per temperature (0 = greedy). Written as
+
+  <output>/regenerate_config.json   the settings; a rerun must use the same ones (only --num-prompts may change)
+  <output>/chunk-00000.jsonl ...    one answer per line, then a footer line
+
+A chunk is written under a temporary name and renamed when complete: rerun the same command to resume; a chunk that
+fails validation is renamed *.corrupt and regenerated. Feed the folder to `hf-treespec train prepare --data-file`.
+"""
+
+
 def add_regenerate_parser(commands) -> argparse.ArgumentParser:
     """``hf-treespec train regenerate`` (added to the ``train`` subcommands by :mod:`.cli`)."""
     p = commands.add_parser("regenerate", help="the target answers ShareGPT train prompts itself (self-distilled "
                                                "data for `train prepare --data-file`)",
-                            description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                            description=REGENERATE_DESCRIPTION,
+                            formatter_class=ExamplesHelpFormatter)
     add_options(p, RegenerateConfig, RegenerateArguments)
     p.set_defaults(handler=run_regenerate)
     return p
@@ -327,7 +341,7 @@ def run_regenerate(args: argparse.Namespace) -> int:
     summary = {"output": str(args.output), "chunks_written": stats.written, "chunks_skipped": stats.skipped,
                "chunks_redone": stats.redone, "next_skip": stats.next_skip, "answers": stats.answers,
                "new_tokens": stats.tokens,
-               "generate_seconds": round(stats.seconds, 1), "tokens_per_s": round(stats.tokens_per_second, 1),
+               "generate_seconds": round(stats.seconds, 3), "tokens_per_s": round(stats.tokens_per_second, 1),
                "seconds": round(time.perf_counter() - start, 1), "device": device, "dtype": args.dtype}
     print(json.dumps(summary))
     return 0

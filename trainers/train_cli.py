@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hf_treespec.cli_options import add_options, build_config, option
+from hf_treespec.cli_options import HelpFormatter, add_options, build_config, option
 
 from .cli_common import (
     TargetArguments, add_config_command, add_short_flags, bf16_supported, precision_overrides,
@@ -150,7 +150,7 @@ class EvaluateArguments:
 
 def add_evaluate_parser(commands) -> None:
     p = commands.add_parser("evaluate", help="held-out top-1 acceptance per depth (data prepared with --tree-policy "
-                                             "chain)", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                             "chain)", formatter_class=HelpFormatter)
     add_options(p, TargetArguments, EvaluateArguments)
     p.set_defaults(handler=run_evaluate)
 

@@ -4,7 +4,9 @@ The questions are cut into consecutive batches of B prompts (the last one may be
 transformers requires for decoder-only batched generation, and every method generates the same batches; methods are
 interleaved per batch so drift on a noisy machine hits them alike. A method's throughput is the real tokens it
 generated (up to each row's EOS / length) over its summed wall time; its speedup is that over plain batched
-``generate``'s in the same run. Greedy rows are checked token for token against plain batched ``generate``.
+``generate``'s in the same run (and over ``plain@compile=true``'s, plain decoding through the compiled forward, when
+the run has that row). Greedy rows are checked token for token against plain decoding through the same forward: plain
+batched ``generate`` for eager methods, ``plain@compile=true`` for ``@compile=true`` ones (eager plain counted beside).
 transformers' assisted generation refuses batches, so only ``plain`` and ``tree:<policy>`` methods run here.
 """
 
@@ -23,6 +25,7 @@ from tqdm.auto import tqdm
 from ..hardware import detect
 from ..timing import sync
 from .methods import BenchMethod, PlainGenerate, TreeMethod
+from .results import COMPILED_BASELINE
 
 __all__ = ["BatchRow", "run_batched", "left_pad", "write_batched_report"]
 
@@ -37,9 +40,11 @@ class BatchRow:
     seconds: float = 0.0
     steps: int = 0  # target forwards after the prefill, summed over batches (tree methods)
     row_steps: int = 0  # per-row commits, summed (tau = tokens / row_steps, prefill token excluded)
-    identical_rows: int | None = None
+    identical_rows: int | None = None  # greedy: rows equal to plain decoding's through the same forward
+    identical_eager_rows: int | None = None  # greedy, compiled methods: rows equal to eager plain `generate`'s
     rows: int = 0
     speedup: float | None = None
+    speedup_compiled: float | None = None  # over `COMPILED_BASELINE`'s tokens/s (None when the run has no such row)
 
     @property
     def tokens_per_second(self) -> float:
@@ -53,8 +58,9 @@ class BatchRow:
         return {"method": self.method, "batch_size": self.batch_size, "tokens": self.tokens,
                 "seconds": round(self.seconds, 3), "tokens_per_second": round(self.tokens_per_second, 2),
                 "speedup": None if self.speedup is None else round(self.speedup, 3),
+                "speedup_compiled": None if self.speedup_compiled is None else round(self.speedup_compiled, 3),
                 "tau": None if self.tau is None else round(self.tau, 3), "rows": self.rows,
-                "identical_rows": self.identical_rows}
+                "identical_rows": self.identical_rows, "identical_eager_rows": self.identical_eager_rows}
 
 
 def left_pad(prompts: list[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,7 +112,7 @@ def run_batched(methods: list[BenchMethod], model, drafters: dict[str, Any], pro
             results = {m.name: BatchRow(m.name, batch_size) for m in usable}
             for start in range(0, len(prompts), batch_size):
                 ids, mask = left_pad(prompts[start : start + batch_size], pad_id)
-                plain_rows = None
+                batch_rows: dict[str, list[torch.Tensor]] = {}
                 others = usable[1:]
                 shift = (start // batch_size) % max(len(others), 1)
                 # plain first on every batch (its rows are the identity reference); the others rotate
@@ -127,14 +133,15 @@ def run_batched(methods: list[BenchMethod], model, drafters: dict[str, Any], pro
                         record.row_steps += sum(len(r) for r in out.row_accepted_lengths)
                     elif getattr(out, "accepted_lengths", None) is not None:
                         record.row_steps += len(out.accepted_lengths)
-                    if plain_rows is None:
-                        plain_rows = rows
-                    elif greedy:
-                        same = sum(torch.equal(a, b) for a, b in zip(rows, plain_rows))
-                        record.identical_rows = (record.identical_rows or 0) + same
+                    batch_rows[method.name] = rows
+                if greedy:
+                    _count_identical(usable, batch_rows, results)
             plain = results[usable[0].name]
+            compiled = results.get(COMPILED_BASELINE)
             for record in results.values():
                 record.speedup = record.tokens_per_second / plain.tokens_per_second if plain.seconds else None
+                if compiled is not None and compiled.seconds:
+                    record.speedup_compiled = record.tokens_per_second / compiled.tokens_per_second
             out_rows.extend(results.values())
             if on_batch_size is not None:
                 on_batch_size(list(out_rows))
@@ -143,25 +150,54 @@ def run_batched(methods: list[BenchMethod], model, drafters: dict[str, Any], pro
     return out_rows
 
 
+def _count_identical(methods: list[BenchMethod], batch_rows: dict[str, list[torch.Tensor]],
+                     results: dict[str, BatchRow]) -> None:
+    """Adds one batch's identical rows to every method's counts: against plain decoding through the same forward
+    (``plain@compile=true`` for compiled methods when the run has it, else plain batched ``generate``)."""
+    eager_reference = batch_rows[methods[0].name]
+    compiled_reference = batch_rows.get(COMPILED_BASELINE)
+
+    def same(rows, reference):
+        return sum(torch.equal(a, b) for a, b in zip(rows, reference))
+
+    for method in methods[1:]:
+        rows, record = batch_rows[method.name], results[method.name]
+        compiled = method.compiled and compiled_reference is not None and method.name != COMPILED_BASELINE
+        record.identical_rows = (record.identical_rows or 0) + same(rows, compiled_reference if compiled
+                                                                     else eager_reference)
+        if compiled:
+            record.identical_eager_rows = (record.identical_eager_rows or 0) + same(rows, eager_reference)
+
+
 def write_batched_report(rows: list[BatchRow], settings: dict[str, Any], folder: str | Path,
                          echo: bool = True) -> Path:
     """``batched.md`` (table), ``batched.json`` and ``batched.png`` (speedup vs batch size per method)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
+    versus = any(r.speedup_compiled is not None for r in rows)
     lines = [
         f"hardware: {settings.get('hardware', '')}",
         f"dtype {settings.get('dtype')}, {settings.get('num_questions')} questions x {settings.get('max_new_tokens')} "
         f"new tokens, {'greedy' if settings.get('greedy') else 'sampled'}",
         "",
-        "| batch | method | tokens/s | speedup vs plain batched | tau | rows identical to plain |",
-        "|---:|---|---:|---:|---:|---:|",
+        "| batch | method | tokens/s | speedup vs plain batched |" + (" vs compiled plain batched |" if versus else "")
+        + " tau | rows identical to plain |",
+        "|---:|---|---:|---:|" + ("---:|" if versus else "") + "---:|---:|",
     ]
     for row in rows:
         identical = "" if row.identical_rows is None else f"{row.identical_rows}/{row.rows}"
+        if row.identical_eager_rows is not None:
+            identical += f" ({row.identical_eager_rows}/{row.rows} vs eager)"
         tau = "" if row.tau is None else f"{row.tau:.2f}"
-        lines.append(f"| {row.batch_size} | {row.method} | {row.tokens_per_second:.1f} | {row.speedup:.2f}x | {tau} "
-                     f"| {identical} |")
+        compiled = "" if not versus else (f" {row.speedup_compiled:.2f}x |" if row.speedup_compiled is not None
+                                          else " |")
+        lines.append(f"| {row.batch_size} | {row.method} | {row.tokens_per_second:.1f} | {row.speedup:.2f}x |{compiled}"
+                     f" {tau} | {identical} |")
     table = "\n".join(lines) + "\n"
+    if versus:
+        table += ("\nidentical: rows equal to plain decoding's through the same forward (`plain@compile=true` for "
+                  "`@compile=true` rows, eager plain batched `generate` beside it); a greedy near-tie can round either "
+                  "way between eager and compiled kernels.\n")
     (folder / "batched.md").write_text(table)
     (folder / "batched.json").write_text(json.dumps({"settings": settings, "rows": [r.as_dict() for r in rows]},
                                                     indent=1))
@@ -230,10 +266,13 @@ def run_batched_benchmark(config, batch_sizes: list[int], on_batch_size: Callabl
     eos = set() if eos is None else set(eos if isinstance(eos, (list, tuple)) else [eos])
     drafters = method_drafters(methods, drafter, model, config)
     with torch_threads(config.threads):
-        warm_ids, warm_mask = left_pad(prompts[: min(2, len(prompts))], int(pad_id))
-        for method in methods:  # untimed: first-use costs (auto's cost-curve calibration, lazy inits)
-            _run_once(method, model, warm_ids, warm_mask, drafters.get(method.name),
-                      {**gen_kwargs, "max_new_tokens": min(8, config.max_new_tokens)})
+        # untimed, at every batch size to be timed: first-use costs (auto's cost-curve calibration, lazy inits, and a
+        # compiled method's graphs, which differ between a batch of one and a larger batch)
+        for size in sorted({min(b, len(prompts)) for b in batch_sizes}):
+            warm_ids, warm_mask = left_pad(prompts[:size], int(pad_id))
+            for method in methods:
+                _run_once(method, model, warm_ids, warm_mask, drafters.get(method.name),
+                          {**gen_kwargs, "max_new_tokens": min(8, config.max_new_tokens)})
         settings = batch_settings(config, model, len(prompts))
         settings.update(batch_sizes=batch_sizes, commit=source_commit())  # the code that runs, read before it runs
         if skipped:

@@ -101,7 +101,7 @@ class BenchmarkConfig:
         metavar="KEY=V1,V2,.."))
     repeats: int = field(default=1, metadata=option("timed runs per (method, question); median kept"))
     seed: int = field(default=0, metadata=option("seed of every sampled run"))
-    progress: bool = field(default=True, metadata=option("progress bar (--no-progress hides it)"))
+    progress: bool = field(default=True, metadata=option("show progress bars (--no-progress: hide them)"))
     cost_curve: bool = field(default=False, metadata=option(
         "measure (or read the cached) target verification cost curve c(rows, context) into the report"))
 

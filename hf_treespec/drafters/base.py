@@ -115,6 +115,7 @@ def as_drafter(model: torch.nn.Module, target: torch.nn.Module | None = None) ->
                 adapter.attach(model, target)
             return adapter(model)
     raise ValueError(
-        f"Cannot use a {type(model).__name__} as a tree drafter: pass an AutoModelForCausalLM sharing the target's "
-        "vocabulary, a TreeSpecDrafterModel, or hf_treespec.drafters.truncated(model, num_layers=k)."
+        f"Cannot use a {type(model).__name__} as a tree drafter: pass hf_treespec.drafters.prompt_lookup(target), "
+        "a TreeSpecDrafterModel (hf_treespec.assets.default_drafter(target), or one from `hf-treespec train`), or an "
+        "AutoModelForCausalLM sharing the target's vocabulary."
     )

@@ -83,9 +83,11 @@ def check_batch_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | N
         )
     mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
     if mask.shape != input_ids.shape:
-        raise ValueError(f"attention_mask has shape {tuple(mask.shape)}; input_ids {tuple(input_ids.shape)}.")
+        raise ValueError(f"attention_mask has shape {tuple(mask.shape)}; input_ids {tuple(input_ids.shape)}: pass the "
+                         "attention_mask the tokenizer returned with these input_ids (one 0/1 per token).")
     if not bool(mask.any(-1).all()):
-        raise ValueError("a prompt of the batch is all padding (its attention_mask row has no 1).")
+        raise ValueError("a prompt of the batch is all padding (its attention_mask row has no 1): drop empty prompts "
+                         "from the batch before tokenizing.")
     if not bool(mask[:, -1].all()):
         raise ValueError(
             "tree speculation needs left padding for a batch of prompts (decoder-only models generate after the "

@@ -119,8 +119,9 @@ def _given(value) -> bool:
 def check_drafter(target: torch.nn.Module, assistant: torch.nn.Module | None) -> Drafter:
     if assistant is None:
         raise ValueError(
-            "tree_policy needs a drafter: pass assistant_model= (an AutoModelForCausalLM with the same vocabulary, "
-            "a TreeSpecDrafterModel, or hf_treespec.drafters.truncated(model, num_layers=k))."
+            "tree_policy needs a drafter: pass assistant_model= (hf_treespec.drafters.prompt_lookup(model) drafts from "
+            "the prompt with no model; a trained TreeSpecDrafterModel, e.g. hf_treespec.assets.default_drafter(model) "
+            "for SmolLM2 or one from `hf-treespec train`; or a small AutoModelForCausalLM sharing the vocabulary)."
         )
     drafter = as_drafter(assistant, target=target)
     target_vocab = int(target.config.get_text_config().vocab_size)

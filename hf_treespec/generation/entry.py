@@ -14,9 +14,8 @@ import inspect
 import sys
 from typing import Any
 
-from transformers import DynamicCache, GenerationConfig, GenerationMixin, LogitsProcessorList, StoppingCriteriaList
+from transformers import GenerationConfig, GenerationMixin, LogitsProcessorList, StoppingCriteriaList
 
-from ..compat import CACHE_KWARG
 from .config import TREE_GENERATION_KWARGS
 from .decoding import tree_speculative_decoding
 
@@ -29,10 +28,11 @@ _GENERATE_CODE = inspect.unwrap(GenerationMixin.generate).__code__
 def _from_generate_call(name: str, depth: int = 2) -> Any:
     """``name`` as passed to the ``GenerationMixin.generate`` call that invoked the caller of this function.
 
-    transformers (4.57 - 5.23 at least) builds a callable's keyword arguments only from the names its signature adds,
-    taken out of generate's ``**kwargs``; ``assistant_model`` and ``streamer`` are named parameters of generate, so a
-    callable never receives them. They are read from that one call's arguments, and only when the direct caller is
-    transformers' ``generate`` itself (checked by code object), so nothing else is ever picked up.
+    transformers (5.6 - 5.24, tested on both) builds a callable's keyword arguments only from the names its signature
+    adds, taken out of generate's ``**kwargs``; ``assistant_model`` and ``streamer`` are named parameters of generate,
+    so a callable never receives them. They are read from that one call's arguments, and only when the direct caller
+    is transformers' ``generate`` itself (checked by code object), so nothing else is ever picked up. The Hub-layout
+    folder (``custom_generate/`` of the repository) gets both from transformers and binds them, so it never gets here.
     """
     frame = sys._getframe(depth)
     try:
@@ -76,9 +76,6 @@ def tree_generate(
         )
     for unused in _UNUSED_BY_THE_LOOP:
         kwargs.pop(unused, None)
-    if kwargs.get(CACHE_KWARG) is None and generation_config.use_cache:
-        # releases before 5.6 leave the cache to the decoding method's first forward
-        kwargs[CACHE_KWARG] = DynamicCache(config=model.config)
     return tree_speculative_decoding(
         model, input_ids, logits_processor, stopping_criteria, generation_config,
         streamer=streamer, assistant_model=assistant_model, **kwargs,

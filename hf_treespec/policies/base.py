@@ -23,11 +23,7 @@ and may override three hooks the loop calls around it: ``setup(DecodingSetup)`` 
   copies them over once per call, so index the tree with host tensors and keep per-node Python loops off the hot
   path. ``context.device`` is where the models run (for a policy that makes device tensors of its own).
 
-Porting a policy written against the old ``build(source, root_token, device)``: make ``context`` and ``generator``
-keyword-only, drop ``device`` (trees live on the host; ``context.device`` if a device is really needed), move
-sampled tokens / counts to the host before indexing the tree with them (``.cpu()``), and replace any
-``getattr(source, "greedy_chain")`` with the helpers below. Outside the loop (tests, trainers) call
-``policy.build(source, root, context=StepContext(root))``.
+Outside the loop (tests, trainers) call ``policy.build(source, root, context=StepContext(root))``.
 """
 
 from __future__ import annotations
@@ -47,7 +43,7 @@ from .auto import TreeSizer, check_budget, is_auto
 if TYPE_CHECKING:
     from ..drafters.base import Drafter
 
-POLICIES: Registry["TreePolicy"] = Registry("tree policy")
+POLICIES: Registry["TreePolicy"] = Registry("tree policy", plural="tree policies")
 
 
 class DraftSource(ABC):

@@ -49,8 +49,9 @@ class TraversalVerifier(Verifier):
             tokens = tree.tokens[kids]
             if tokens.unique().numel() != tokens.numel():
                 raise ValueError(
-                    "verifier='traversal' needs i.i.d. trees whose equal draws are merged into one child with a "
-                    "count (DraftTree.counts); this tree repeats a token among siblings."
+                    "verifier='traversal' needs i.i.d. trees that merge equal draws into one child with a count, "
+                    "as tree_policy='iid' builds them; this tree repeats a token among siblings. Use "
+                    "tree_policy='iid' with it, or verifier='specinfer' for this policy."
                 )
             q = tree.draft_q(node).to(probs.dtype)
             left = multiplicity[kids].to(probs.dtype).clone()
