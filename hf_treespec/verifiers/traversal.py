@@ -49,7 +49,7 @@ class TraversalVerifier(Verifier):
             tokens = tree.tokens[kids]
             if tokens.unique().numel() != tokens.numel():
                 raise ValueError(
-                    "verifier='traversal' needs i.i.d. trees that merge equal draws into one child with a count, "
+                    "verifier='traversal' needs i.i.d. trees whose equal draws are merged into one child with a count, "
                     "as tree_policy='iid' builds them; this tree repeats a token among siblings. Use "
                     "tree_policy='iid' with it, or verifier='specinfer' for this policy."
                 )
