@@ -15,11 +15,15 @@ from transformers import PreTrainedModel
 TREE_MASK_ATTENTION = ("sdpa", "eager")
 
 
+def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Bool visibility of any shape -> the additive float mask of that shape in ``dtype`` (0 where visible, the
+    dtype's lowest value elsewhere)."""
+    return visible.new_zeros(visible.shape, dtype=dtype).masked_fill_(~visible, torch.finfo(dtype).min)
+
+
 def float_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``[q, kv]`` bool visibility -> ``[1, 1, q, kv]`` additive float mask in ``dtype``."""
-    mask = visible.new_zeros(visible.shape, dtype=dtype)
-    mask.masked_fill_(~visible, torch.finfo(dtype).min)
-    return mask[None, None]
+    return additive_mask(visible, dtype)[None, None]
 
 
 def causal_row_mask(rows: int, keys: int, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:

@@ -159,11 +159,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
         checks = calibrate_batches(model, curve, batches, repeats=options.repeats) if batches else []
     compiled_curve = None
     if options.compile:
-        from transformers import CompileConfig
-
         from .compiled import CompileSettings, compiled_forward_for
 
-        compiled = compiled_forward_for(model, CompileSettings.from_compile_config(CompileConfig(), model.device))
+        compiled = compiled_forward_for(model, CompileSettings.recommended(model.device))  # = CompileConfig()
         with torch_threads(options.threads):
             compiled.warm_up()
             if compiled.failure is not None:

@@ -353,8 +353,7 @@ def speed_model_for(model: torch.nn.Module, key: tuple, cache_dir: str | Path | 
     curve_key = ("curve", str(model.dtype), str(next(model.parameters()).device), torch.get_num_threads(),
                  None if compiled is None else compiled.settings)
     if curve_key not in store:
-        store[curve_key] = (load_or_calibrate(model, cache_dir) if compiled is None
-                            else load_or_calibrate(model, cache_dir, compiled=compiled))
+        store[curve_key] = load_or_calibrate(model, cache_dir, compiled=compiled)
     batch_key = (*curve_key, batch)
     if batch_key not in store:
         store[batch_key] = store[curve_key] if batch == 1 else CostCurve.from_json(store[curve_key].to_json())

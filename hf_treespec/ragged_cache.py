@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
+from .attention import additive_mask
 from .cache import to_device
 from .tree import DraftTree
 
@@ -85,8 +86,7 @@ class RaggedKV:
             depth[i, :m] = tree.depth
             visible[i, :m, width : width + m] = tree.ancestor_mask()
         positions = self.positions()[:, None] + depth
-        mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, torch.finfo(dtype).min)
-        return ids, positions, mask[:, None]
+        return ids, positions, additive_mask(visible, dtype)[:, None]
 
     def commit(self, accepted: list[torch.Tensor]) -> None:
         """After a forward that appended every active row's tree past the old width: keeps each active row's accepted path (node

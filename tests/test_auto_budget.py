@@ -365,7 +365,7 @@ def test_greedy_auto_identical_to_plain(target, drafters, prompt, policy, curve_
     if curve_kind != "measured":  # pin the curve so both step kinds are exercised deterministically
         pinned = STEEP if curve_kind == "steep" else FLAT
         monkeypatch.setattr("hf_treespec.latency.load_or_calibrate",
-                            lambda m, cache_dir=None: CostCurve.from_json(pinned.to_json()))
+                            lambda m, cache_dir=None, compiled=None: CostCurve.from_json(pinned.to_json()))
     plain = model.generate(prompt, do_sample=False, max_new_tokens=40)
     masks = []  # the attention_mask of every target forward: None for a draft-free step, like plain generate's
     hook = model.register_forward_pre_hook(lambda m, args, kwargs: masks.append(kwargs.get("attention_mask")),
@@ -442,7 +442,7 @@ def test_draft_free_steps_then_drafting_with_a_feature_drafter(target, prompt, t
 
     monkeypatch.setenv("HF_TREESPEC_CACHE", str(tmp_path))
     monkeypatch.setattr("hf_treespec.latency.load_or_calibrate",
-                        lambda m, cache_dir=None: CostCurve.from_json(STEEP.to_json()))
+                        lambda m, cache_dir=None, compiled=None: CostCurve.from_json(STEEP.to_json()))
     monkeypatch.setattr("hf_treespec.latency.PROBE_BUDGET", 1e9)  # re-probe on the step count alone
     drafter = make_drafter(target, seed=2, target_layers=[0, 2, 3], draft_vocab_size=40)
     drafter.set_draft_vocab(permuted_vocab(40))

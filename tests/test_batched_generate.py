@@ -195,7 +195,7 @@ def test_batch_where_no_tree_pays_runs_no_policy_and_equals_plain(target, drafte
     draft-free rows share processor and stopping calls per row length, and every row equals plain batched
     generate, a prefix-reading processor (no-repeat n-grams) and a custom EOS included."""
     monkeypatch.setenv("HF_TREESPEC_CACHE", str(tmp_path))
-    monkeypatch.setattr("hf_treespec.latency.load_or_calibrate", lambda m, cache_dir=None: steep_curve())
+    monkeypatch.setattr("hf_treespec.latency.load_or_calibrate", lambda m, cache_dir=None, compiled=None: steep_curve())
     ids, mask = left_padded()
     refs = [single(target, p, do_sample=False, max_new_tokens=30) for p in PROMPTS]
     eos = int(refs[1][7])
@@ -316,7 +316,7 @@ def test_a_batch_learns_costs_on_its_own_copy_of_the_curve(target, monkeypatch):
     from hf_treespec.latency import speed_model_for
 
     curve = CostCurve(sizes=[1, 8, 64], contexts=[100], seconds=[[1.0, 2.0, 9.0]])
-    monkeypatch.setattr("hf_treespec.latency.load_or_calibrate", lambda m, cache_dir=None: curve)
+    monkeypatch.setattr("hf_treespec.latency.load_or_calibrate", lambda m, cache_dir=None, compiled=None: curve)
     model = copy.copy(target)
     model.__dict__.pop("_treespec_speed_models", None)
     single, batch = speed_model_for(model, ("k",)), speed_model_for(model, ("k",), batch=4)

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from ..hardware import detect
 from ..timing import sync
 from .methods import BenchMethod, PlainGenerate, TreeMethod
-from .results import COMPILED_BASELINE
+from .results import BASELINE, COMPILED_BASELINE, identity_reference, identity_text
 
 __all__ = ["BatchRow", "run_batched", "left_pad", "write_batched_report"]
 
@@ -154,19 +154,15 @@ def _count_identical(methods: list[BenchMethod], batch_rows: dict[str, list[torc
                      results: dict[str, BatchRow]) -> None:
     """Adds one batch's identical rows to every method's counts: against plain decoding through the same forward
     (``plain@compile=true`` for compiled methods when the run has it, else plain batched ``generate``)."""
-    eager_reference = batch_rows[methods[0].name]
-    compiled_reference = batch_rows.get(COMPILED_BASELINE)
-
     def same(rows, reference):
         return sum(torch.equal(a, b) for a, b in zip(rows, reference))
 
     for method in methods[1:]:
         rows, record = batch_rows[method.name], results[method.name]
-        compiled = method.compiled and compiled_reference is not None and method.name != COMPILED_BASELINE
-        record.identical_rows = (record.identical_rows or 0) + same(rows, compiled_reference if compiled
-                                                                     else eager_reference)
-        if compiled:
-            record.identical_eager_rows = (record.identical_eager_rows or 0) + same(rows, eager_reference)
+        reference = identity_reference(method.name, method.compiled, batch_rows)
+        record.identical_rows = (record.identical_rows or 0) + same(rows, batch_rows[reference])
+        if reference == COMPILED_BASELINE:
+            record.identical_eager_rows = (record.identical_eager_rows or 0) + same(rows, batch_rows[BASELINE])
 
 
 def write_batched_report(rows: list[BatchRow], settings: dict[str, Any], folder: str | Path,
@@ -185,9 +181,8 @@ def write_batched_report(rows: list[BatchRow], settings: dict[str, Any], folder:
         "|---:|---|---:|---:|" + ("---:|" if versus else "") + "---:|---:|",
     ]
     for row in rows:
-        identical = "" if row.identical_rows is None else f"{row.identical_rows}/{row.rows}"
-        if row.identical_eager_rows is not None:
-            identical += f" ({row.identical_eager_rows}/{row.rows} vs eager)"
+        identical = "" if row.identical_rows is None else identity_text(row.identical_rows, row.rows,
+                                                                          row.identical_eager_rows)
         tau = "" if row.tau is None else f"{row.tau:.2f}"
         compiled = "" if not versus else (f" {row.speedup_compiled:.2f}x |" if row.speedup_compiled is not None
                                           else " |")

@@ -13,7 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .results import BASELINE, COMPILED_BASELINE, BenchmarkResult, MethodSummary
+from .results import BASELINE, COMPILED_BASELINE, BenchmarkResult, MethodSummary, identity_text
 
 PER_QUESTION_FILE = "per_question.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -69,9 +69,7 @@ def _identity(s: MethodSummary, greedy: bool) -> str:
         return "n/a (sampling)"
     if s.method == BASELINE:
         return "reference"
-    if s.identical_eager is not None and s.method != COMPILED_BASELINE:
-        return f"{s.identical}/{s.compared} ({s.identical_eager}/{s.compared} vs eager)"
-    return f"{s.identical}/{s.compared}"
+    return identity_text(s.identical, s.compared, None if s.method == COMPILED_BASELINE else s.identical_eager)
 
 
 def _max_gap(s: MethodSummary) -> str:

@@ -16,6 +16,21 @@ BASELINE = "plain"
 COMPILED_BASELINE = "plain@compile=true"
 
 
+def identity_reference(method: str, compiled: bool, names) -> str:
+    """The run a method's greedy tokens are held to: plain decoding through the same forward, i.e.
+    `COMPILED_BASELINE` for a compiled method when the run (``names``) has it, else `BASELINE`."""
+    if compiled and method != COMPILED_BASELINE and COMPILED_BASELINE in names:
+        return COMPILED_BASELINE
+    return BASELINE
+
+
+def identity_text(identical: int, compared: int, eager: int | None = None) -> str:
+    """``identical/compared``, and for a compiled method also counted against eager plain ``generate``
+    (``eager``), `` (eager/compared vs eager)``."""
+    text = f"{identical}/{compared}"
+    return text if eager is None else f"{text} ({eager}/{compared} vs eager)"
+
+
 @dataclass
 class QuestionResult:
     """One (method, question): median wall time over repeats and the statistics of that median run."""

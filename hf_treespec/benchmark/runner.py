@@ -54,7 +54,9 @@ from .methods import (
     parse_override,
     parse_sweep,
 )
-from .results import BASELINE, COMPILED_BASELINE, BenchmarkResult, MethodSummary, QuestionResult  # noqa: F401  (re-exported)
+from .results import (  # noqa: F401  (re-exported)
+    BASELINE, COMPILED_BASELINE, BenchmarkResult, MethodSummary, QuestionResult, identity_reference,
+)
 
 WARMUP_TOKENS = 8
 
@@ -297,12 +299,11 @@ def _cost_curve(model, compiled=None):
 
 
 def _compiled_forward(model):
-    """The compiled forward ``@compile=true`` methods ran through (what ``compile_config=CompileConfig()`` asks)."""
-    from transformers import CompileConfig
-
+    """The compiled forward ``@compile=true`` methods ran through (``compile_config=CompileConfig()`` asks for the
+    recommended settings)."""
     from ..compiled import CompileSettings, compiled_forward_for
 
-    return compiled_forward_for(model, CompileSettings.from_compile_config(CompileConfig(), model.device))
+    return compiled_forward_for(model, CompileSettings.recommended(model.device))
 
 
 def _warm_up(config, methods, model, drafters, prompt, gen_kwargs) -> tuple[list[BenchMethod], dict[str, str]]:
@@ -356,7 +357,7 @@ def _median_run(runs: list[tuple[RunOutput, int]]) -> tuple[RunOutput, int, floa
 
 def _records(config, methods, questions, prompts, runs, model, tokenizer, gen_kwargs) -> list[QuestionResult]:
     records = []
-    reference_logits: dict[int, torch.Tensor] = {}
+    reference_logits: dict[tuple[int, bool], torch.Tensor] = {}  # (question, through the compiled forward)
     names = {m.name for m in methods}
     for qi, (question, prompt) in enumerate(zip(questions, prompts)):
         plain_tokens = _median_run(runs[(BASELINE, qi)])[0].tokens
@@ -388,7 +389,7 @@ def _records(config, methods, questions, prompts, runs, model, tokenizer, gen_kw
             if config.greedy and method.name != BASELINE:
                 # a compiled method is held to plain decoding through the same compiled forward (compiled kernels
                 # round differently from eager ones), and to eager plain generate beside it
-                same_path = method.compiled and compiled_tokens is not None and method.name != COMPILED_BASELINE
+                same_path = identity_reference(method.name, method.compiled, names) == COMPILED_BASELINE
                 reference = compiled_tokens if same_path else plain_tokens
                 record.identical = torch.equal(tokens, reference)
                 if method.compiled:

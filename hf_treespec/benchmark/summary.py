@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .report import SUMMARY_FILE
-from .results import COMPILED_BASELINE
+from .results import COMPILED_BASELINE, identity_text
 
 BEGIN = "<!-- headline:begin -->"
 END = "<!-- headline:end -->"
@@ -74,9 +74,7 @@ def _cell(method: dict[str, Any] | None) -> str:
 def _identical(method: dict[str, Any]) -> str:
     if not method.get("compared"):
         return "n/a (sampled)"
-    eager = method.get("identical_eager")
-    return f"{method['identical']}/{method['compared']}" + (
-        f" ({eager}/{method['compared']} vs eager)" if eager is not None else "")
+    return identity_text(method["identical"], method["compared"], method.get("identical_eager"))
 
 
 def render(runs: list[dict[str, Any]]) -> str:

@@ -1,8 +1,8 @@
 """The compiled target path: the target's forward compiled once per process over a preallocated KV cache.
 
 Opt in per call with ``generate(..., compile_config=CompileConfig())`` (or on ``model.generation_config``);
-``disable_compile=True`` turns it off. `compiled_generate` is plain decoding through the same compiled forward: the
-baseline a compiled tree run is measured against.
+``disable_compile=True`` turns it off. `hf_treespec.plain_generate` is plain decoding through the same compiled
+forward: the baseline a compiled tree run is measured against.
 """
 
 from .forward import (
@@ -12,6 +12,6 @@ from .forward import (
 from .preallocated import PreallocatedLayer, preallocate, reserve
 
 __all__ = [
-    "CompileSettings", "CompiledDrafterForward", "CompiledForward", "PreallocatedLayer", "compiled_forward_for", "preallocate", "release",
-    "reserve", "settings_from_generation_config",
+    "CompileSettings", "CompiledDrafterForward", "CompiledForward", "PreallocatedLayer", "compiled_forward_for",
+    "preallocate", "release", "reserve", "settings_from_generation_config",
 ]

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from ..attention import causal_row_mask
 from ..compat import CACHE_KWARG
 from ..features import CapturedStates, decoder_layers
 from .preallocated import reserve
@@ -283,9 +284,8 @@ class CompiledForward:
             self._scratch_prefill(torch.zeros(batch, WARM_UP_CONTEXT, dtype=torch.long, device=device), cache)
             ids = torch.zeros(batch, count, dtype=torch.long, device=device)
             positions = torch.arange(WARM_UP_CONTEXT, WARM_UP_CONTEXT + count, device=device).repeat(batch, 1)
-            visible = torch.ones(count, WARM_UP_CONTEXT + count, dtype=torch.bool, device=device).tril(WARM_UP_CONTEXT)
-            mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, torch.finfo(dtype).min)
-            self(ids, positions, mask[None, None].repeat(batch, 1, 1, 1), cache, **self._scratch_extra(batch, count))
+            mask = causal_row_mask(count, WARM_UP_CONTEXT + count, dtype, device).repeat(batch, 1, 1, 1)
+            self(ids, positions, mask, cache, **self._scratch_extra(batch, count))
         return dict(self.compile_seconds)
 
 

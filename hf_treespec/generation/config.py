@@ -56,6 +56,9 @@ def declared_kwargs() -> dict[str, str]:
 #: signature declares them, as ``custom_generate`` requires)
 TREE_GENERATION_KWARGS: dict[str, str] = declared_kwargs()
 
+#: what generate's preparation passes on to a ``custom_generate`` callable that no decoding loop here uses
+GENERATE_ONLY_KWARGS = ("synced_gpus", "inputs_tensor", "assistant_tokenizer", "tokenizer")
+
 
 def add_tree_kwargs(generation_config: GenerationConfig) -> None:
     """Declares the tree kwargs on ``generation_config`` (None unless already set) so ``generate`` accepts them."""

@@ -16,11 +16,8 @@ from typing import Any
 
 from transformers import GenerationConfig, GenerationMixin, LogitsProcessorList, StoppingCriteriaList
 
-from .config import TREE_GENERATION_KWARGS
+from .config import GENERATE_ONLY_KWARGS, TREE_GENERATION_KWARGS
 from .decoding import tree_speculative_decoding
-
-#: what generate's preparation may pass on that the tree loop has no use for
-_UNUSED_BY_THE_LOOP = ("synced_gpus", "inputs_tensor", "assistant_tokenizer", "tokenizer")
 
 _GENERATE_CODE = inspect.unwrap(GenerationMixin.generate).__code__
 
@@ -74,7 +71,7 @@ def tree_generate(
             "custom_generate=tree_generate needs tree_policy= (in the call or on the generation config); valid: "
             f"{', '.join(POLICIES.names())}."
         )
-    for unused in _UNUSED_BY_THE_LOOP:
+    for unused in GENERATE_ONLY_KWARGS:
         kwargs.pop(unused, None)
     return tree_speculative_decoding(
         model, input_ids, logits_processor, stopping_criteria, generation_config,

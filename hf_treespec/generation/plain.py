@@ -13,7 +13,9 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+from ..attention import additive_mask
 from ..compat import CACHE_KWARG
+from .config import GENERATE_ONLY_KWARGS
 from .decoding import returns_outside_inference_mode
 from .target import TargetForward, compiled_for_generation
 
@@ -71,7 +73,8 @@ def plain_decoding(
             break
         columns = torch.cat([columns, torch.ones(batch, 1, dtype=torch.bool, device=device)], dim=-1)
         position = position + 1
-        mask = additive_mask(columns, model.dtype) if target.explicit_masks else columns.long()
+        # [B, n] columns a one-token step attends to: its [B, 1, 1, n] additive mask when compiled
+        mask = additive_mask(columns, model.dtype)[:, None, None, :] if target.explicit_masks else columns.long()
         logits, _ = target.step(tokens[:, None], position, mask)
     if streamer is not None:
         streamer.end()
@@ -81,17 +84,11 @@ def plain_decoding(
                                      **{CACHE_KWARG: cache})
 
 
-def additive_mask(columns: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``[B, n]`` bool columns a one-token step attends to -> its ``[B, 1, 1, n]`` additive mask."""
-    mask = torch.zeros(columns.shape, dtype=dtype, device=columns.device)
-    return mask.masked_fill_(~columns, torch.finfo(dtype).min)[:, None, None, :]
-
-
 def plain_generate(model, input_ids, logits_processor, stopping_criteria, generation_config, streamer=None,
                    **kwargs):
     """Plain decoding for ``generate(custom_generate=plain_generate, ...)``; with ``compile_config=CompileConfig()``
     the steps run through the compiled target forward."""
-    for unused in ("synced_gpus", "inputs_tensor", "assistant_tokenizer", "tokenizer", "assistant_model"):
+    for unused in (*GENERATE_ONLY_KWARGS, "assistant_model"):
         kwargs.pop(unused, None)
     return plain_decoding(model, input_ids, logits_processor, stopping_criteria, generation_config,
                           streamer=streamer, **kwargs)
