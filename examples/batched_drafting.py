@@ -21,7 +21,7 @@ import hf_treespec
 from hf_treespec.assets import default_drafter, load_questions, load_target
 from hf_treespec.drafters.base import Drafter
 from hf_treespec.drafters.feature_adapter import FeatureDrafter
-from hf_treespec.hardware import detect
+from hf_treespec.cost.hardware import detect
 
 
 def main() -> None:

@@ -21,8 +21,8 @@ import torch
 from safetensors.torch import load_file
 
 from hf_treespec.drafters import build_draft_vocab
-from hf_treespec.trainers.data import load_prepared
-from hf_treespec.trainers.regenerate import iter_regenerated
+from hf_treespec.trainers.data.prepared import load_prepared
+from hf_treespec.trainers.data.regenerate import iter_regenerated
 
 
 def answer_ids(folder: str, skip: int) -> dict[float, torch.Tensor]:

@@ -27,7 +27,7 @@ Run it on a quiet machine: process time is less sensitive to other load than wal
 syncs of the prefill and of the final ``synchronize`` are included in the count but not in the step count.
 
 ``--syncs`` counts instead, on any device, the operations of a step that would make the host wait for a GPU
-(`hf_treespec.sync_counter.SyncCounter`: device -> host reads, host -> device copies, and the syncs they cost), for
+(`SyncCounter` of the test suite, `tests/sync_counter.py`, so it needs a clone: device -> host reads, host -> device copies, and the syncs they cost), for
 each policy of ``--policies``, greedy and sampling, one prompt and a batch of 4, and prints one table
 (``--tiny``: a 4-layer random Llama with a random feature drafter instead of the shipped pair):
 
@@ -39,8 +39,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 import warnings
+from pathlib import Path
 
 import torch
 
@@ -199,7 +201,8 @@ def tiny_pair(device: str):
 
 def count_syncs(args) -> None:
     """Syncs per complete step (`SyncCounter.steps`), per policy x mode x batch size, as a markdown table."""
-    from hf_treespec.sync_counter import SyncCounter
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # a development tool, not shipped
+    from sync_counter import SyncCounter
 
     dtype = torch.float32 if args.dtype == "fp32" else torch.bfloat16
     if args.tiny:

@@ -1,6 +1,7 @@
 """hf_treespec: lossless tree-based speculative decoding behind Hugging Face ``model.generate``."""
 
 from . import drafters
+from .cost.hardware import fast_dtype
 from .generation import TreeSpecGenerateOutput, enable, plain_generate, tree_generate
 from .policies import POLICIES
 from .tree import DraftTree, Regime
@@ -19,5 +20,5 @@ def list_verifiers() -> list[str]:
     return VERIFIERS.names()
 
 
-__all__ = ["DraftTree", "Regime", "TreeSpecGenerateOutput", "drafters", "enable", "list_policies", "list_verifiers",
-           "plain_generate", "tree_generate"]
+__all__ = ["DraftTree", "Regime", "TreeSpecGenerateOutput", "drafters", "enable", "fast_dtype", "list_policies",
+           "list_verifiers", "plain_generate", "tree_generate"]

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from .cli_options import HelpFormatter, OptionsParser, add_options, build_config, comma_list, option
-from .hardware import AUTO_DTYPE, AUTO_DTYPE_HELP, DEVICE_HELP, DTYPE_CHOICES
+from .cost.hardware import AUTO_DTYPE, AUTO_DTYPE_HELP, DEVICE_HELP, DTYPE_CHOICES
 
 #: what --quick sets when not given on the command line: the headline rows only (plain generate, plain decoding through
 #: the compiled target, transformers' assisted peer, tree:salf sized by measured cost, eager and compiled),
@@ -144,8 +144,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
     from .benchmark.runner import BenchmarkConfig, load_model, torch_threads
     from .benchmark.report import cost_curve_lines, plot_cost_curve
-    from .hardware import detect
-    from .cost_curve import cache_path, calibrate_batches, calibrate_target
+    from .cost.hardware import detect
+    from .cost.curve import cache_path, calibrate_batches, calibrate_target
 
     options = build_config(CalibrateOptions, args)
     sizes, contexts, batches = tuple(options.sizes), tuple(options.contexts), tuple(options.batch_size)

@@ -14,7 +14,7 @@ import transformers as tf
 import hf_treespec
 from hf_treespec.drafters import TreeSpecDrafterConfig, TreeSpecDrafterModel
 from hf_treespec.features import capture_hidden_states, final_norm
-from hf_treespec.window import TreeWindows
+from hf_treespec.kv.window import TreeWindows
 
 from conftest import char_tokenizer, perturbed_copy
 
@@ -312,7 +312,7 @@ def test_auto_budget_calibrates_and_decodes_a_hybrid_sliding_window_target(model
 def test_training_trees_over_a_sliding_window_target_are_refused_by_name(models):
     from transformers import DynamicCache
 
-    from hf_treespec.trainers.target_trees import grow_target_trees
+    from hf_treespec.trainers.data.target_trees import grow_target_trees
 
     target, _ = models("mistral")
     with pytest.raises(ValueError, match="sliding-window attention .*--tree-policy none"):

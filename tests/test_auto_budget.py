@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import hf_treespec
-from hf_treespec.hardware import Hardware, cpu_info, detect
-from hf_treespec.latency import (
+from hf_treespec.cost.hardware import Hardware, cpu_info, detect
+from hf_treespec.cost.speed_model import (
     PROBE_BUDGET,
     MAX_REPROBE_EVERY,
     PROBE_STEPS,
@@ -19,7 +19,7 @@ from hf_treespec.latency import (
     AcceptanceTable,
     SpeedModel,
 )
-from hf_treespec.cost_curve import CostCurve, calibrate_batches, calibrate_target, load_or_calibrate
+from hf_treespec.cost.curve import CostCurve, calibrate_batches, calibrate_target, load_or_calibrate
 from hf_treespec.policies import POLICIES, StepContext
 from hf_treespec.policies.base import DraftSource
 from hf_treespec.policies.auto import TreeSizer
@@ -116,7 +116,7 @@ def test_sampled_shape_by_cost(policy, bound):
 
 
 def test_depth_acceptance_learns_alpha():
-    from hf_treespec.latency import DepthAcceptance
+    from hf_treespec.cost.speed_model import DepthAcceptance
 
     acc = DepthAcceptance()
     for _ in range(200):  # alpha 0.5 per token, chains of 4: E[accepted] ~ 0.94, stops early most of the time
@@ -364,7 +364,7 @@ def test_greedy_auto_identical_to_plain(target, drafters, prompt, policy, curve_
     model.load_state_dict(target.state_dict())
     if curve_kind != "measured":  # pin the curve so both step kinds are exercised deterministically
         pinned = STEEP if curve_kind == "steep" else FLAT
-        monkeypatch.setattr("hf_treespec.latency.load_or_calibrate",
+        monkeypatch.setattr("hf_treespec.cost.speed_model.load_or_calibrate",
                             lambda m, cache_dir=None, compiled=None: CostCurve.from_json(pinned.to_json()))
     plain = model.generate(prompt, do_sample=False, max_new_tokens=40)
     masks = []  # the attention_mask of every target forward: None for a draft-free step, like plain generate's
@@ -419,7 +419,7 @@ def test_hardware_from_cpuinfo(tmp_path):
 def test_data_commands_default_to_the_fast_dtype(monkeypatch):
     """`train prepare / regenerate / nde-data` run the target in the machine's fast dtype unless told otherwise: an
     avx2-only CPU must not silently take emulated bf16 (several times slower than fp32 there)."""
-    from hf_treespec import hardware
+    from hf_treespec.cost import hardware
     from hf_treespec.cli import build_parser
 
     parser = build_parser()
@@ -441,9 +441,9 @@ def test_draft_free_steps_then_drafting_with_a_feature_drafter(target, prompt, t
     from test_feature_drafter import make_drafter, permuted_vocab
 
     monkeypatch.setenv("HF_TREESPEC_CACHE", str(tmp_path))
-    monkeypatch.setattr("hf_treespec.latency.load_or_calibrate",
+    monkeypatch.setattr("hf_treespec.cost.speed_model.load_or_calibrate",
                         lambda m, cache_dir=None, compiled=None: CostCurve.from_json(STEEP.to_json()))
-    monkeypatch.setattr("hf_treespec.latency.PROBE_BUDGET", 1e9)  # re-probe on the step count alone
+    monkeypatch.setattr("hf_treespec.cost.speed_model.PROBE_BUDGET", 1e9)  # re-probe on the step count alone
     drafter = make_drafter(target, seed=2, target_layers=[0, 2, 3], draft_vocab_size=40)
     drafter.set_draft_vocab(permuted_vocab(40))
     plain = target.generate(prompt, do_sample=False, max_new_tokens=48)

@@ -184,7 +184,7 @@ def test_auto_budget_batch(target, drafters, tmp_path, monkeypatch):
 
 def steep_curve():
     """Every extra target row costs a full step: no tree can pay at any batch size."""
-    from hf_treespec.cost_curve import CostCurve
+    from hf_treespec.cost.curve import CostCurve
 
     sizes = [1, 2, 4, 8, 16, 32, 64, 128]
     return CostCurve(sizes, [256], [[0.05 * n for n in sizes]])
@@ -195,7 +195,7 @@ def test_batch_where_no_tree_pays_runs_no_policy_and_equals_plain(target, drafte
     draft-free rows share processor and stopping calls per row length, and every row equals plain batched
     generate, a prefix-reading processor (no-repeat n-grams) and a custom EOS included."""
     monkeypatch.setenv("HF_TREESPEC_CACHE", str(tmp_path))
-    monkeypatch.setattr("hf_treespec.latency.load_or_calibrate", lambda m, cache_dir=None, compiled=None: steep_curve())
+    monkeypatch.setattr("hf_treespec.cost.speed_model.load_or_calibrate", lambda m, cache_dir=None, compiled=None: steep_curve())
     ids, mask = left_padded()
     refs = [single(target, p, do_sample=False, max_new_tokens=30) for p in PROMPTS]
     eos = int(refs[1][7])
@@ -250,8 +250,8 @@ def test_could_pay_bounds_every_tree():
     """`TreeSizer.could_pay`: False when even a perfectly accepted chain of any depth loses to a draft-free step at
     this batch (a steep curve, or a flat one at a batch whose rows draft one after another), True where a tree could
     pay."""
-    from hf_treespec.cost_curve import CostCurve
-    from hf_treespec.latency import SpeedModel
+    from hf_treespec.cost.curve import CostCurve
+    from hf_treespec.cost.speed_model import SpeedModel
     from hf_treespec.policies.auto import TreeSizer
 
     sizes = [1, 2, 4, 8, 16, 32, 64, 128]
@@ -277,8 +277,8 @@ def test_could_pay_bounds_every_tree():
 
 def test_batch_prices_total_rows():
     """A batch of B prices a step of n nodes per tree as B x n rows of the cost curve, drafting as B forwards."""
-    from hf_treespec.cost_curve import CostCurve
-    from hf_treespec.latency import SpeedModel
+    from hf_treespec.cost.curve import CostCurve
+    from hf_treespec.cost.speed_model import SpeedModel
 
     curve = CostCurve(sizes=[1, 8, 64], contexts=[100], seconds=[[1.0, 2.0, 9.0]])
     one, four = SpeedModel(curve), SpeedModel(curve, batch=4)
@@ -292,8 +292,8 @@ def test_batch_prices_total_rows():
 def test_a_batch_drafts_first_in_a_budgeted_probe():
     """One sequence may size trees from the first step; a batch skips the drafter until its first probe, which waits
     (as every re-probe) for enough draft-free time to pay for it, then measures real drafted steps."""
-    from hf_treespec.cost_curve import CostCurve
-    from hf_treespec.latency import REPROBE_EVERY, SpeedModel
+    from hf_treespec.cost.curve import CostCurve
+    from hf_treespec.cost.speed_model import REPROBE_EVERY, SpeedModel
 
     sizes = [1, 2, 4, 8, 16, 32, 64, 128]
     flat = CostCurve(sizes, [256], [[0.05 + 0.0001 * n for n in sizes]])
@@ -312,11 +312,11 @@ def test_a_batch_drafts_first_in_a_budgeted_probe():
 def test_a_batch_learns_costs_on_its_own_copy_of_the_curve(target, monkeypatch):
     """[batch, n] forwards cost more than batch x n rows of one sequence: what a batch observes must not reprice
     one-sequence steps (the curve is per batch size)."""
-    from hf_treespec.cost_curve import CostCurve
-    from hf_treespec.latency import speed_model_for
+    from hf_treespec.cost.curve import CostCurve
+    from hf_treespec.cost.speed_model import speed_model_for
 
     curve = CostCurve(sizes=[1, 8, 64], contexts=[100], seconds=[[1.0, 2.0, 9.0]])
-    monkeypatch.setattr("hf_treespec.latency.load_or_calibrate", lambda m, cache_dir=None, compiled=None: curve)
+    monkeypatch.setattr("hf_treespec.cost.speed_model.load_or_calibrate", lambda m, cache_dir=None, compiled=None: curve)
     model = copy.copy(target)
     model.__dict__.pop("_treespec_speed_models", None)
     single, batch = speed_model_for(model, ("k",)), speed_model_for(model, ("k",), batch=4)

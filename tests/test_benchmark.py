@@ -470,7 +470,7 @@ def test_real_model_quick_smoke(tmp_path):
                                         / sum(r["target_forwards"] for r in records), abs=0.01)
     if salf["drafted_share"] == 0.0:  # draft-free steps commit exactly one token each
         assert salf["tau"] == 1.0
-    from hf_treespec.hardware import fast_dtype
+    from hf_treespec.cost.hardware import fast_dtype
 
     assert summary["settings"]["model_dtype"] == str(fast_dtype()).removeprefix("torch.")  # --dtype auto
     if summary["settings"]["model_dtype"] == "float32":

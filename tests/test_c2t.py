@@ -129,7 +129,7 @@ def test_greedy_generate_is_plain_greedy(target, drafters, prompt, beta):
 
 # ------------------------------------------------------------------------------------------------------ trainer
 def test_label_tree_and_ranks():
-    from hf_treespec.trainers.c2t import label_tree, sibling_rank
+    from hf_treespec.trainers.objectives.c2t import label_tree, sibling_rank
 
     tree = DraftTree.root(9).add_children(torch.tensor([0, 0, 0]), torch.tensor([4, 5, 6]), torch.zeros(3))
     tree = tree.add_children(torch.tensor([1, 1, 2]), torch.tensor([7, 8, 7]), torch.zeros(3))
@@ -148,7 +148,7 @@ def toy_nodes(n: int = 4000, seed: int = 0) -> Dataset:
 
 
 def test_negative_sampling():
-    from hf_treespec.trainers.c2t import negative_sample
+    from hf_treespec.trainers.objectives.c2t import negative_sample
 
     data = toy_nodes()
     positives = sum(data["label"])
@@ -157,7 +157,7 @@ def test_negative_sampling():
 
 
 def test_trainer_lowers_the_loss(tmp_path):
-    from hf_treespec.trainers.c2t import C2TConfig, C2TTrainer
+    from hf_treespec.trainers.objectives.c2t import C2TConfig, C2TTrainer
 
     data = toy_nodes()
     model = C2TClassifier()
@@ -175,7 +175,7 @@ def test_trainer_lowers_the_loss(tmp_path):
 
 
 def test_trainer_refuses_data_without_positives(tmp_path):
-    from hf_treespec.trainers.c2t import C2TConfig, C2TTrainer
+    from hf_treespec.trainers.objectives.c2t import C2TConfig, C2TTrainer
 
     data = Dataset.from_dict({"features": [[0.1, 1.0, 1.0]] * 4, "label": [0] * 4})
     with pytest.raises(ValueError, match="no accepted node"):
@@ -185,7 +185,7 @@ def test_trainer_refuses_data_without_positives(tmp_path):
 def test_c2t_data_rows_on_a_tiny_model(target, drafters, prompt):
     """Real trees on a tiny target: roots every 4 tokens of the greedy trajectory, full EAGLE-2 size, accepted
     nodes form one path from the root (label_tree's rule is checked by hand in test_label_tree_and_ranks)."""
-    from hf_treespec.trainers.c2t import C2TDataConfig, prompt_rows, rank_acceptance
+    from hf_treespec.trainers.objectives.c2t import C2TDataConfig, prompt_rows, rank_acceptance
 
     config = C2TDataConfig(tree_topk=3, tree_depth=3, max_new_tokens=10, root_every=4)
     rows = prompt_rows(target, hf_treespec_drafter(drafters["perturbed"]), prompt, config)
@@ -211,8 +211,8 @@ def hf_treespec_drafter(model):
 def test_c2t_data_chunks_resume_and_a_truncated_chunk_is_named_and_redone(target, drafters, prompt, tmp_path):
     """c2t-data writes resumable chunks: a rerun computes nothing when every chunk is finished, a truncated chunk is
     refused with its name on read and redone (kept aside as *.corrupt) on the next run, other settings are refused."""
-    from hf_treespec.trainers.c2t import C2TDataConfig, generate_c2t_data, load_c2t_data
-    from hf_treespec.trainers.chunks import CorruptChunkError
+    from hf_treespec.trainers.objectives.c2t import C2TDataConfig, generate_c2t_data, load_c2t_data
+    from hf_treespec.trainers.data.chunks import CorruptChunkError
 
     config = C2TDataConfig(tree_topk=2, tree_depth=2, max_new_tokens=6, root_every=3)
     drafter = hf_treespec_drafter(drafters["perturbed"])
@@ -308,7 +308,7 @@ def test_train_c2t_cli_features(tmp_path):
     import json
 
     from hf_treespec.cli import main
-    from hf_treespec.trainers.chunks import write_chunk
+    from hf_treespec.trainers.data.chunks import write_chunk
 
     data = tmp_path / "data"
     data.mkdir()

@@ -18,7 +18,7 @@ from conftest import perturbed_copy, tiny_llama
 from transformers import CompileConfig, DynamicCache
 
 import hf_treespec
-from hf_treespec.cache import keep_rows
+from hf_treespec.kv.tree_kv import keep_rows
 from hf_treespec.compat import CACHE_KWARG
 from hf_treespec.compiled import CompileSettings, PreallocatedLayer, compiled_forward_for, preallocate, release
 from hf_treespec.generation.plain import plain_generate

@@ -176,7 +176,7 @@ DEVICE_STEP_BUDGET = 12
 def test_syncs_per_step_on_the_device(gpu_target, gpu_drafters):
     import warnings
 
-    from hf_treespec.sync_counter import SyncCounter
+    from sync_counter import SyncCounter
 
     drafter = gpu_drafters["feature"]
     prompt = torch.tensor([PROMPTS[0]], device=CUDA)
@@ -210,7 +210,7 @@ def test_syncs_per_step_on_the_device(gpu_target, gpu_drafters):
 def test_training_steps_on_the_device(objective, tmp_path):
     """TALF (target trees) and TTT (7-step unroll + trees) train on the device: a few optimizer steps, finite loss."""
     from hf_treespec.trainers import TRAINERS, load_prepared, prepare_dataset
-    from hf_treespec.trainers.data import PrepareConfig
+    from hf_treespec.trainers.data.prepared import PrepareConfig
 
     from test_trainers import TREES, char_tokenizer, conversations, make_drafter, tiny_target
 

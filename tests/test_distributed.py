@@ -204,7 +204,7 @@ def test_processes_that_would_train_alone_are_refused(monkeypatch):
     save a drafter of their own: refused with the fix; ``accelerate launch --cpu`` starting one process warns."""
     from types import SimpleNamespace
 
-    from hf_treespec.trainers.trainer import check_launch
+    from hf_treespec.trainers.objectives.trainer import check_launch
 
     for key in ("WORLD_SIZE", "ACCELERATE_USE_CPU", "MASTER_ADDR", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE",
                 "MV2_COMM_WORLD_SIZE"):

@@ -8,8 +8,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from trainers.chunks import write_chunk
-from trainers.regenerate import CONFIG_FILE, chunk_path
+from hf_treespec.trainers.data.chunks import write_chunk
+from hf_treespec.trainers.data.regenerate import CONFIG_FILE, chunk_path
 
 SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "draft_vocab_coverage.py"
 

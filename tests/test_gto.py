@@ -21,7 +21,7 @@ from hf_treespec.drafters import TreeSpecDrafterConfig, TreeSpecDrafterModel
 from hf_treespec.policies import POLICIES
 from hf_treespec.tree import DraftTree
 from hf_treespec.trainers import EAGLEConfig, EAGLETrainer, PrepareConfig, load_prepared, prepare_dataset
-from hf_treespec.trainers.gto import (
+from hf_treespec.trainers.objectives.gto import (
     GTOCollator,
     GTOConfig,
     GTOTrainer,
@@ -34,8 +34,8 @@ from hf_treespec.trainers.gto import (
     sequence_acceptance,
     tree_reward,
 )
-from hf_treespec.trainers.tree_rollout import grow_drafter_trees, score_trees
-from hf_treespec.trainers.unroll import unroll
+from hf_treespec.trainers.objectives.tree_rollout import grow_drafter_trees, score_trees
+from hf_treespec.trainers.objectives.unroll import unroll
 
 torch.set_num_threads(1)
 

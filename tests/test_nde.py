@@ -34,9 +34,9 @@ from hf_treespec.trainers import (
     load_nde_data,
     throughput_objective,
 )
-from hf_treespec.trainers.nde_data import draft_probe
-from hf_treespec.trainers.nde_stats import action_stats
-from hf_treespec.trainers.nde_trie import sample_trees, trie_tables
+from hf_treespec.trainers.data.nde_data import draft_probe
+from hf_treespec.trainers.data.nde_stats import action_stats
+from hf_treespec.trainers.data.nde_trie import sample_trees, trie_tables
 from hf_treespec.verifiers import VERIFIERS
 
 from conftest import VOCAB, char_tokenizer  # VOCAB: conftest's tiny Llama
@@ -416,7 +416,7 @@ def test_slot_draws_follow_q():
     """The fast inverse-CDF draw: each slot is an independent draw from its row; zero-probability tokens never come."""
     from scipy.stats import chi2
 
-    from hf_treespec.trainers.nde_trie import _draw
+    from hf_treespec.trainers.data.nde_trie import _draw
 
     probs = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.0, 0.0, 1.0, 0.0]])
     n = 20000

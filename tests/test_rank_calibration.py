@@ -1,4 +1,4 @@
-"""trainers/rank_calibration.py: rank-conditioned drafts and target tokens against brute force, metrics by hand."""
+"""trainers/evaluation/rank_calibration.py: rank-conditioned drafts and target tokens against brute force, metrics by hand."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 from hf_treespec.drafters import TreeSpecDrafterConfig, TreeSpecDrafterModel
 from hf_treespec.features import capture_hidden_states
 from hf_treespec.policies import POLICIES
-from hf_treespec.trainers.rank_calibration import (
+from hf_treespec.trainers.evaluation.rank_calibration import (
     RootRecords,
     expected_calibration_error,
     measure_sequence,

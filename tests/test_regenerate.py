@@ -11,8 +11,8 @@ import torch
 from conftest import train_cli
 
 from hf_treespec.trainers import load_prepared, prepare_dataset
-from hf_treespec.trainers.data import PrepareConfig
-from hf_treespec.trainers.regenerate import (
+from hf_treespec.trainers.data.prepared import PrepareConfig
+from hf_treespec.trainers.data.regenerate import (
     CONFIG_FILE,
     CorruptChunkError,
     RegenerateConfig,
@@ -153,7 +153,7 @@ def test_cli_regenerate_then_prepare(target, tokenizer, tmp_path, capsys):  # no
     regen = ["regenerate", "--num-prompts", "3", "--max-prompt-tokens", "300", "--max-new-tokens", "4",
              "--batch-size", "2", "--chunk-size", "2", "--output", str(tmp_path / "regen")]
     summary = run(*regen)  # real ShareGPT train prompts, through the tiny character tokenizer
-    from hf_treespec.hardware import resolve_dtype_name
+    from hf_treespec.cost.hardware import resolve_dtype_name
 
     settings = json.loads((tmp_path / "regen" / "regenerate_config.json").read_text())
     assert settings["dtype"] == summary["dtype"] == resolve_dtype_name("auto")  # --dtype auto, recorded as resolved

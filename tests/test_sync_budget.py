@@ -5,9 +5,9 @@ stated below, and check that the counter sees a planted read, so a regression ca
 import pytest
 import torch
 
-from hf_treespec.cache import keep_rows, to_device
+from hf_treespec.kv.tree_kv import keep_rows, to_device
 from hf_treespec.drafters import TreeSpecDrafterConfig, TreeSpecDrafterModel
-from hf_treespec.sync_counter import SyncCounter
+from sync_counter import SyncCounter
 from hf_treespec.tree import to_host
 from transformers import DynamicCache
 

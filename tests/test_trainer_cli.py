@@ -10,9 +10,9 @@ import pytest
 from hf_treespec.trainers import TRAINERS
 from hf_treespec.cli_options import build_config
 from hf_treespec.trainers.cli import SUBCOMMANDS, add_parser, subcommand
-from hf_treespec.trainers.c2t import C2TConfig
-from hf_treespec.trainers.gto import GTOConfig
-from hf_treespec.trainers.nde import NDEConfig
+from hf_treespec.trainers.objectives.c2t import C2TConfig
+from hf_treespec.trainers.objectives.gto import GTOConfig
+from hf_treespec.trainers.objectives.nde import NDEConfig
 
 CONFIGS = {**{name: cls.config_class for name, cls in TRAINERS.items()}, "nde": NDEConfig, "gto": GTOConfig,
            "c2t": C2TConfig}
@@ -134,9 +134,9 @@ def _parser_defaults(command: str) -> dict:
 
 
 @pytest.mark.parametrize("command, config_path", [
-    ("prepare", "hf_treespec.trainers.data:PrepareConfig"),
-    ("c2t-data", "hf_treespec.trainers.c2t:C2TDataConfig"),
-    ("nde-data", "hf_treespec.trainers.nde_data:NDEDataConfig"),
+    ("prepare", "hf_treespec.trainers.data.prepared:PrepareConfig"),
+    ("c2t-data", "hf_treespec.trainers.objectives.c2t:C2TDataConfig"),
+    ("nde-data", "hf_treespec.trainers.data.nde_data:NDEDataConfig"),
 ])
 def test_data_command_defaults_equal_their_config_defaults(command, config_path):
     """An option that restates a data config's field must not drift from it (prepare's --chunk-size once said 32

@@ -38,7 +38,7 @@ from hf_treespec.trainers import (
     tokenize_conversation,
     unroll,
 )
-from hf_treespec.trainers.data import CHUNK_PREFIX, decode_tensor
+from hf_treespec.trainers.data.prepared import CHUNK_PREFIX, decode_tensor
 
 torch.set_num_threads(1)
 
@@ -399,7 +399,7 @@ def test_node_layout_equals_the_node_by_node_reference():
 def test_stored_trees_unpack_to_their_nodes():
     """A prepared row's stored trees (root first, parents by local index) -> non-root nodes with depths and
     renumbered parents, as the node-by-node loop computed them; a parent after its node is refused by name."""
-    from hf_treespec.trainers.collators import stored_tree_nodes
+    from hf_treespec.trainers.data.collators import stored_tree_nodes
 
     rng = random.Random(3)
     row = {"tree_roots": [], "tree_tokens": [], "tree_parents": []}
@@ -423,7 +423,7 @@ def test_stored_trees_unpack_to_their_nodes():
 
 
 def test_time_budget_schedule_follows_the_clock():
-    from hf_treespec.trainers.time_budget import time_budget_factor
+    from hf_treespec.trainers.objectives.time_budget import time_budget_factor
 
     assert time_budget_factor(0.05, "cosine", 0.1) == pytest.approx(0.5)  # half-way through the warm-up
     assert time_budget_factor(0.1, "cosine", 0.1) == pytest.approx(1.0)

@@ -142,7 +142,7 @@ def test_trees_live_on_the_host():
 
 
 def test_packed_copy_round_trips_mixed_dtypes():
-    from hf_treespec.cache import pack, unpack
+    from hf_treespec.kv.tree_kv import pack, unpack
 
     tensors = (torch.tensor([[True, False, True]]), torch.arange(5)[None], torch.tensor([1.5, -2.0]),
                torch.tensor([7, 8], dtype=torch.int32), torch.zeros(0, dtype=torch.long))

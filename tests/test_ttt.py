@@ -15,8 +15,8 @@ from hf_treespec.policies import POLICIES, DelaySelector, DelaySelectorConfig
 from hf_treespec.policies.c2t import C2TClassifier
 from hf_treespec.policies.nde import action_space
 from hf_treespec.trainers import TALFCollator, TTTCollator, TreeLevels, load_prepared, prepare_dataset, unroll
-from hf_treespec.trainers.data import PrepareConfig
-from hf_treespec.trainers.ttt import infer_input_mode, merge_levels, resolve_target_layers
+from hf_treespec.trainers.data.prepared import PrepareConfig
+from hf_treespec.trainers.objectives.ttt import infer_input_mode, merge_levels, resolve_target_layers
 
 from conftest import tiny_llama, train_cli
 from test_trainers import TREES, conversations, make_drafter, target, tokenizer  # noqa: F401  (module fixtures)
@@ -76,7 +76,7 @@ def test_merged_unroll_equals_each_part_alone(target, talf_data):  # noqa: F811
     drafter = make_drafter(target, seed=3).eval()
     rows = [talf_data.dataset[i] for i in range(2)]
     batch = TALFCollator.from_prepared(talf_data)(rows)
-    from hf_treespec.trainers.collators import chain_levels
+    from hf_treespec.trainers.data.collators import chain_levels
 
     chain = chain_levels(batch["input_ids"], batch["attention_mask"].sum(-1), 3)
     trees = TreeLevels.from_batch(batch)
@@ -147,7 +147,7 @@ def test_eagle3_ttt_drafter_round_trips_and_decodes_losslessly(tokenizer, tmp_pa
 
 def test_steps_decay_as_eagle3_weighs_them():
     """EAGLE-3 weighs training-time-test step i by 0.8^i: the default; 1 turns the decay off."""
-    from hf_treespec.trainers.ttt import TTTConfig, TTTTrainer
+    from hf_treespec.trainers.objectives.ttt import TTTConfig, TTTTrainer
 
     depth = torch.tensor([1, 2, 3, 7])
     trainer = TTTTrainer.__new__(TTTTrainer)
@@ -164,8 +164,8 @@ def test_a_training_loss_reads_the_device_a_few_times_whatever_the_depth(target,
     ``steps`` passes) reads: the level bounds once, the two loss masks once each (they size the scored items), and
     transformers' padding check twice; its metrics stay on the device until a log step, so the count does not grow
     with the depth. Before, every depth's metrics cost reads (47 at 7 steps)."""
-    from hf_treespec.sync_counter import SyncCounter
-    from hf_treespec.trainers.ttt import TTTConfig, TTTTrainer
+    from sync_counter import SyncCounter
+    from hf_treespec.trainers.objectives.ttt import TTTConfig, TTTTrainer
     from test_trainers import _args
 
     drafter = make_drafter(target)

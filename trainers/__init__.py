@@ -9,19 +9,19 @@ The C2T classifier of ``tree_policy="c2t"``: :func:`generate_c2t_data` -> :class
 Command line: ``hf-treespec train {regenerate,prepare,eagle,hass,talf,ttt,evaluate,nde-data,nde,gto,c2t-data,c2t,static-shape}`` (:mod:`.cli`).
 """
 
-from .c2t import C2TConfig, C2TDataConfig, C2TTrainer, generate_c2t_data, rank_acceptance
-from .chat import to_messages, tokenize_conversation
-from .collators import DrafterCollator, EAGLECollator, HASSCollator, TALFCollator
-from .data import PreparedData, PrepareConfig, load_prepared, prepare_dataset
-from .evaluation import acceptance_by_depth
-from .gto import GTOCollator, GTOConfig, GTOTrainer
-from .losses import TargetHead
-from .nde import NDECollator, NDEConfig, NDETrainer, build_selector, throughput_objective
-from .latency import LatencyModel, measure_latency
-from .nde_data import NDEDataConfig
-from .nde_dataset import NDEData, generate_nde_data, load_nde_data
-from .target_trees import TargetTree, TreeRoot, grow_target_trees
-from .trainer import (
+from .objectives.c2t import C2TConfig, C2TDataConfig, C2TTrainer, generate_c2t_data, rank_acceptance
+from .data.chat import to_messages, tokenize_conversation
+from .data.collators import DrafterCollator, EAGLECollator, HASSCollator, TALFCollator
+from .data.prepared import PreparedData, PrepareConfig, load_prepared, prepare_dataset
+from .evaluation.acceptance import acceptance_by_depth
+from .objectives.gto import GTOCollator, GTOConfig, GTOTrainer
+from .objectives.losses import TargetHead
+from .objectives.nde import NDECollator, NDEConfig, NDETrainer, build_selector, throughput_objective
+from .evaluation.latency import LatencyModel, measure_latency
+from .data.nde_data import NDEDataConfig
+from .data.nde_dataset import NDEData, generate_nde_data, load_nde_data
+from .data.target_trees import TargetTree, TreeRoot, grow_target_trees
+from .objectives.trainer import (
     DrafterTrainer,
     DrafterTrainingArguments,
     EAGLEConfig,
@@ -31,8 +31,8 @@ from .trainer import (
     TALFConfig,
     TALFTrainer,
 )
-from .ttt import TTTCollator, TTTConfig, TTTTrainer, merge_levels
-from .unroll import TreeLevels, unroll
+from .objectives.ttt import TTTCollator, TTTConfig, TTTTrainer, merge_levels
+from .objectives.unroll import TreeLevels, unroll
 
 #: objective name -> trainer class (the CLI and ``train_drafter`` look objectives up here)
 TRAINERS: dict[str, type[DrafterTrainer]] = {"eagle": EAGLETrainer, "hass": HASSTrainer, "talf": TALFTrainer,

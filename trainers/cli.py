@@ -21,8 +21,8 @@ from typing import Any, Callable
 
 from hf_treespec.cli_options import ExamplesHelpFormatter, add_options, option
 
-from .cli_common import ConfigParser, set_threads  # noqa: F401  (re-exported)
-from .regenerate import add_regenerate_parser
+from .commands.common import ConfigParser, set_threads  # noqa: F401  (re-exported)
+from .data.regenerate import add_regenerate_parser
 
 
 #: ``hf-treespec train --help``: what the steps are, in the order a drafter is made
@@ -71,14 +71,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 @subcommand("prepare")
 def _add_prepare(commands) -> None:
-    from .prepare_cli import add_prepare_parser
+    from .commands.prepare import add_prepare_parser
 
     add_prepare_parser(commands)
 
 
 def _add_trainer(name: str) -> Callable[[Any], None]:
     def add(commands) -> None:
-        from .train_cli import add_trainer_parser
+        from .commands.train import add_trainer_parser
 
         add_trainer_parser(commands, name)
     return add
@@ -90,28 +90,28 @@ for _name in ("eagle", "hass", "talf", "ttt"):
 
 @subcommand("evaluate")
 def _add_evaluate(commands) -> None:
-    from .train_cli import add_evaluate_parser
+    from .commands.train import add_evaluate_parser
 
     add_evaluate_parser(commands)
 
 
 @subcommand("calibration")
 def _add_calibration(commands) -> None:
-    from .calibration_cli import add_calibration_parser
+    from .commands.calibration import add_calibration_parser
 
     add_calibration_parser(commands)
 
 
 @subcommand("nde-data")
 def _add_nde_data(commands) -> None:
-    from .nde_cli import add_nde_data_parser
+    from .commands.nde import add_nde_data_parser
 
     add_nde_data_parser(commands)
 
 
 @subcommand("nde")
 def _add_nde(commands) -> None:
-    from .nde_cli import add_nde_parser
+    from .commands.nde import add_nde_parser
 
     add_nde_parser(commands)
 
@@ -161,13 +161,13 @@ def _add_regenerate(commands) -> None:
 
 @subcommand("gto")
 def _add_gto(commands) -> None:
-    from .gto_cli import add_gto_parser  # GTO keeps its parser in its own module
+    from .commands.gto import add_gto_parser  # GTO keeps its parser in its own module
 
     add_gto_parser(commands)
 
 
 @subcommand("c2t")
 def _add_c2t(commands) -> None:
-    from .c2t_cli import add_c2t_commands  # c2t-data, c2t and static-shape
+    from .commands.c2t import add_c2t_commands  # c2t-data, c2t and static-shape
 
     add_c2t_commands(commands, set_threads)

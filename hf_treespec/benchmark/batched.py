@@ -22,8 +22,8 @@ from typing import Any, Callable
 import torch
 from tqdm.auto import tqdm
 
-from ..hardware import detect
-from ..timing import sync
+from ..cost.hardware import detect
+from ..cost.timing import sync
 from .methods import BenchMethod, PlainGenerate, TreeMethod
 from .results import BASELINE, COMPILED_BASELINE, identity_reference, identity_text
 

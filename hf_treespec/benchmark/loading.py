@@ -12,7 +12,7 @@ import torch
 from ..assets import default_drafter
 from ..drafters import TreeSpecDrafterModel, prompt_lookup, truncated
 from ..generation import enable
-from ..hardware import DTYPES
+from ..cost.hardware import DTYPES
 
 def _mtbench(limit: int | None):
     from ..assets import load_questions

@@ -26,7 +26,7 @@ from ..generation.entry import tree_generate
 from ..generation.plain import plain_generate
 from ..policies import POLICIES
 from ..registry import Registry
-from ..timing import sync
+from ..cost.timing import sync
 
 TREE_PREFIX = "tree:"
 #: separates a method from its own settings: ``base@key=value@key=value``

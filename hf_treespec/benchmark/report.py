@@ -41,7 +41,7 @@ def write_report(result: BenchmarkResult, out: str | os.PathLike, echo: bool = F
     curves = {name: result.settings.get(key) for name, key in (("eager", "cost_curve"),
                                                                 ("compiled", "compiled_cost_curve"))}
     if all(curves.values()):
-        from ..cost_curve import CostCurve
+        from ..cost.curve import CostCurve
 
         plot_cost_curves({name: CostCurve.from_json(c) for name, c in curves.items()}, folder / COST_PLOT_FILE,
                          title=result.settings.get("hardware_summary", ""))
@@ -183,7 +183,7 @@ def markdown_report(result: BenchmarkResult, summaries: list[MethodSummary] | No
 
 def cost_curve_lines(curve_json: dict, compiled: bool = False) -> list[str]:
     """The target's measured verification cost (ms per forward) and its ratio to a one-token step."""
-    from ..cost_curve import CostCurve
+    from ..cost.curve import CostCurve
 
     curve = CostCurve.from_json(curve_json)
     ratios = "| x one-token step | " + " | ".join(

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from ..generation import enable
 from ..cli_options import comma_list, none_or, option
-from ..hardware import (  # noqa: F401  (re-exported)
+from ..cost.hardware import (  # noqa: F401  (re-exported)
     AUTO_DTYPE, AUTO_DTYPE_HELP, DEVICE_HELP, DTYPE_CHOICES, DTYPES, resolve_device, resolve_dtype_name,
 )
 from .identity import _plain_logits, divergence  # noqa: F401  (re-exported)
@@ -293,7 +293,7 @@ def method_drafters(methods: list[BenchMethod], drafter: torch.nn.Module | None,
 def _cost_curve(model, compiled=None):
     """The target's verification cost curve on this machine, eager or through ``compiled`` (cached after the first
     measurement)."""
-    from ..cost_curve import load_or_calibrate
+    from ..cost.curve import load_or_calibrate
 
     return load_or_calibrate(model, compiled=compiled)
 
@@ -406,7 +406,7 @@ def _records(config, methods, questions, prompts, runs, model, tokenizer, gen_kw
 def _settings(config: BenchmarkConfig, labels: dict[str, Any], model, drafter, num_questions: int) -> dict[str, Any]:
     import transformers
 
-    from ..hardware import Hardware, detect
+    from ..cost.hardware import Hardware, detect
 
     settings = {**asdict(config), **labels}
     settings["dtype"] = config.resolved_dtype

@@ -3,7 +3,7 @@
 A ``DynamicLayer`` grows by ``torch.cat``: every step copies the whole cache and hands a compiled graph a new tensor.
 Here the rows live in a buffer of ``capacity`` rows and ``keys`` / ``values`` are *views* of the used rows, so
 everything that reads or edits a ``DynamicLayer`` works unchanged: writing through ``layer.keys[...]`` writes the
-buffer, and cutting with ``layer.keys = layer.keys[..., :n, :]`` (`hf_treespec.cache.keep_rows`, `RaggedKV`,
+buffer, and cutting with ``layer.keys = layer.keys[..., :n, :]`` (`hf_treespec.kv.tree_kv.keep_rows`, `RaggedKV`,
 ``crop``) keeps a view of it.
 
 Two ways to write a forward's new rows:

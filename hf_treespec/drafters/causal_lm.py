@@ -6,11 +6,11 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from ..attention import check_tree_attention
-from ..cache import TreeKV
+from ..kv.tree_kv import TreeKV
 from ..compat import CACHE_KWARG
-from ..stacked_kv import RowRequest, stack_rows, unstack_new_rows
+from ..kv.stacked import RowRequest, stack_rows, unstack_new_rows
 from ..tree import DraftTree
-from ..window import TreeWindows, prepare, tree_inputs
+from ..kv.window import TreeWindows, prepare, tree_inputs
 from .base import DRAFTER_ADAPTERS, Drafter, TargetFeatures
 
 
@@ -64,7 +64,7 @@ class CausalLMDrafter(Drafter):
     @classmethod
     @torch.no_grad()
     def expand_rows(cls, requests: list[tuple["CausalLMDrafter", DraftTree, torch.Tensor]]) -> list[torch.Tensor]:
-        """Every row's nodes in ONE forward over the rows' stacked caches (`hf_treespec.stacked_kv`). A drafter with
+        """Every row's nodes in ONE forward over the rows' stacked caches (`hf_treespec.kv.stacked`). A drafter with
         sliding-window layers expands row by row (its windows live in each row's own mask)."""
         if len(requests) == 1 or any(drafter.windows is not None for drafter, _, _ in requests):
             return super().expand_rows(requests)

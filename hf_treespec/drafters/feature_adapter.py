@@ -4,7 +4,7 @@ Drafter stream. Position t pairs token ``x_t`` with a feature: the target's hidd
 tokens, the drafter's own output feature at the parent for tree nodes; the tree root takes the target's hidden state of
 the last committed token. The first prompt token has no predecessor, so the stream starts at the second one (EAGLE).
 
-Bookkeeping per step (one DynamicCache laid out by :class:`~hf_treespec.cache.TreeKV`):
+Bookkeeping per step (one DynamicCache laid out by :class:`~hf_treespec.kv.tree_kv.TreeKV`):
 
 - ``expand`` feeds the pending committed chain (with true target features) and the requested nodes in ONE forward,
   tree attention from TreeKV's 4D mask; output features are stored per node *uid* so children find their parent's.
@@ -19,10 +19,10 @@ import torch
 from transformers import DynamicCache
 
 from ..attention import check_tree_attention
-from ..cache import TreeKV, to_device
+from ..kv.tree_kv import TreeKV, to_device
 from ..compiled.preallocated import preallocate
 from ..tree import DraftTree
-from ..stacked_kv import RowRequest, stack_rows, unstack_new_rows
+from ..kv.stacked import RowRequest, stack_rows, unstack_new_rows
 from .base import DRAFTER_ADAPTERS, Drafter, TargetFeatures
 from .feature import TreeSpecDrafterModel
 
@@ -181,7 +181,7 @@ class FeatureDrafter(Drafter):
     @classmethod
     @torch.no_grad()
     def expand_rows(cls, requests: list[tuple["FeatureDrafter", DraftTree, torch.Tensor]]) -> list[torch.Tensor]:
-        """Every row's nodes in ONE forward over the rows' stacked caches (`hf_treespec.stacked_kv`); each row's
+        """Every row's nodes in ONE forward over the rows' stacked caches (`hf_treespec.kv.stacked`); each row's
         input features (its pending chain's target features, its nodes' parents' outputs) are its own."""
         if len(requests) == 1:
             return super().expand_rows(requests)

@@ -31,9 +31,9 @@ from ..attention import check_tree_attention
 from ..compat import CACHE_KWARG
 from ..drafters.base import Drafter, TargetFeatures, as_drafter
 from ..policies import TreePolicy
-from ..ragged_cache import RaggedKV
+from ..kv.ragged import RaggedKV
 from ..step_context import DecodingSetup, StepContext, StepOutcome, sampling_params
-from ..timing import Clock, RunningMean
+from ..cost.timing import Clock, RunningMean
 from ..tree import DraftTree
 from .components import TreeSpecGenerateOutput, check_drafter, resolve
 from .draft_source import WarpedDraftSource

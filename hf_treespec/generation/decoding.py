@@ -8,13 +8,13 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
 from ..attention import causal_row_mask, check_tree_attention
-from ..cache import TreeKV, keep_rows, to_device
+from ..kv.tree_kv import TreeKV, keep_rows, to_device
 from ..compat import CACHE_KWARG
 from ..drafters.base import TargetFeatures
 from ..step_context import DecodingSetup, StepContext, StepOutcome, sampling_params
-from ..timing import Clock, RunningMean
+from ..cost.timing import Clock, RunningMean
 from ..tree import DraftTree
-from ..window import prepare, refuse_in_batch, tree_inputs
+from ..kv.window import prepare, refuse_in_batch, tree_inputs
 from .batched import batched_tree_decoding
 from .components import (
     TreeSpecGenerateOutput, check_decoder_only, check_drafter, check_no_beams, check_text_only, resolve,

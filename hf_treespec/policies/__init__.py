@@ -2,7 +2,7 @@
 
 from .base import POLICIES, DraftSource, TreePolicy
 from ..step_context import StepContext
-from . import best_first, c2t, chain, dyspec, eagle2, iid, nde, static, swor  # noqa: F401  (registration)
+from . import best_first, c2t, chain, delayed, dyspec, eagle2, iid, nde, static, swor  # noqa: F401  (registration)
 from .nde import Action, DelaySelector, DelaySelectorConfig
 
 __all__ = ["POLICIES", "Action", "DelaySelector", "DelaySelectorConfig", "DraftSource", "StepContext", "TreePolicy"]

@@ -49,7 +49,7 @@ def check_budget(value) -> None:
 class TreeSizer:
     """The cost rule for one step: built from the loop's `SpeedModel` and the step's context length."""
 
-    speed: object  # hf_treespec.latency.SpeedModel (duck-typed: target costs, draft cost, acceptance)
+    speed: object  # hf_treespec.cost.speed_model.SpeedModel (duck-typed: target costs, draft cost, acceptance)
     context: int
     max_nodes: int = AUTO_MAX_NODES
     expansions: int = 0

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from ..latency import SpeedModel, speed_model_for
+from ..cost.speed_model import SpeedModel, speed_model_for
 from ..registry import Registry
 from ..step_context import CONTEXT_NEEDS, DecodingSetup, StepContext, StepOutcome
 from ..randomness import Randomness, without_replacement

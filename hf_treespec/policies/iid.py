@@ -1,4 +1,5 @@
-"""Sampled i.i.d. draft trees: k paths drawn with replacement from q (SpecInfer / SpecTr), and delayed expansion.
+"""Sampled i.i.d. draft trees: k paths drawn with replacement from q (SpecInfer / SpecTr); `SampledPathsPolicy` is
+also the base of delayed expansion (`delayed.py`).
 
 Equal draws are merged: a node's children are the distinct tokens its paths drew, each with its multiplicity in
 ``DraftTree.counts``, so the target forward holds no duplicate rows and the verifiers see "children with
@@ -47,7 +48,7 @@ def grow_iid(
     return tree, frontier
 
 
-class _SampledPathsPolicy(TreePolicy):
+class SampledPathsPolicy(TreePolicy):
     """Shared by ``iid`` and ``delayed``: a trunk of ``trunk`` tokens, then ``paths`` i.i.d. paths of ``branch``."""
 
     regime = Regime.IID
@@ -88,7 +89,7 @@ class _SampledPathsPolicy(TreePolicy):
 
 
 @POLICIES.register("iid")
-class IIDPolicy(_SampledPathsPolicy):
+class IIDPolicy(SampledPathsPolicy):
     """k = ``tree_paths`` paths of l = ``tree_depth`` tokens sampled from q with replacement (at most k*l nodes)."""
 
     defaults = {"tree_paths": 4, "tree_depth": 4, "tree_budget": None}
@@ -98,14 +99,3 @@ class IIDPolicy(_SampledPathsPolicy):
 
     def shape(self) -> tuple[int, int, int]:
         return 0, int(self.params["tree_paths"]), int(self.params["tree_depth"])
-
-
-@POLICIES.register("delayed")
-class DelayedPolicy(_SampledPathsPolicy):
-    """Delayed expansion: one sampled trunk of l1 = ``delay_trunk`` tokens, then k = ``tree_paths`` i.i.d. paths of
-    l2 = ``delay_branch`` tokens from its tip, so the branching happens where draft and target diverge more."""
-
-    defaults = {"delay_trunk": 2, "tree_paths": 4, "delay_branch": 3}
-
-    def shape(self) -> tuple[int, int, int]:
-        return int(self.params["delay_trunk"]), int(self.params["tree_paths"]), int(self.params["delay_branch"])

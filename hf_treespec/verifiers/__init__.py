@@ -2,7 +2,7 @@
 
 from .base import VERIFIERS, Verifier, VerifyResult
 from . import (  # noqa: F401  (registration)
-    block, chain, greedy, khisti, khisti_priority, naivetree, nss, specinfer, spectr, swor, traversal,
+    block, greedy, khisti, khisti_priority, naive, naivetree, nss, specinfer, spectr, swor, traversal,
 )
 
 __all__ = ["VERIFIERS", "Verifier", "VerifyResult"]

@@ -1,0 +1,285 @@
+"""`CostCurve`: seconds of one target verification with ``n`` rows (root included) over ``context`` cached tokens.
+
+Measured once per (model, dtype, device, threads) by `calibrate_target` (a few seconds), cached as JSON under
+``$HF_TREESPEC_CACHE/latency/`` (`load_or_calibrate`) and refined online from the real steps (EMA). A batch of ``B``
+trees of ``n`` rows is priced as ``B x n`` rows of one sequence (equal matmul and attention work);
+`calibrate_batches` measures that premise on the machine at hand.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..attention import causal_row_mask
+from .timing import sync
+
+#: rows of one calibration forward (root included) and cached-context lengths measured
+CALIBRATION_SIZES = (1, 2, 4, 8, 16, 32, 64)
+CALIBRATION_CONTEXTS = (128, 512)
+#: timed forwards per point when a curve is measured at first use (the fastest is kept)
+FIRST_USE_REPEATS = 3
+#: EMA weight of one online observation
+COST_RATE = 0.1
+
+
+def _interp(x: float, xs: list[float], ys: list[float]) -> float:
+    """Piecewise-linear interpolation, linear extrapolation past both ends (costs keep growing past the grid)."""
+    if len(xs) == 1:
+        return ys[0]
+    i = 1
+    while i < len(xs) - 1 and x > xs[i]:
+        i += 1
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+def _interp_tensor(x: torch.Tensor, xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
+    """`_interp` over a tensor of points."""
+    if xs.numel() == 1:
+        return ys.expand_as(x).clone()
+    i = torch.searchsorted(xs, x).clamp(1, xs.numel() - 1)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+@dataclass
+class CostCurve:
+    """``seconds[j][i]``: one target forward with ``sizes[i]`` rows over ``contexts[j]`` cached tokens."""
+
+    sizes: list[int]
+    contexts: list[int]
+    seconds: list[list[float]]
+    key: dict = field(default_factory=dict)  # what it was measured for (model, dtype, device, threads)
+
+    def __post_init__(self) -> None:
+        if not self.sizes or len(self.seconds) != len(self.contexts) or any(
+            len(row) != len(self.sizes) for row in self.seconds
+        ):
+            raise ValueError("CostCurve: seconds must be [len(contexts)][len(sizes)] with at least one size.")
+
+    def __call__(self, rows: int, context: int) -> float:
+        """Predicted seconds; never below the one-row cost's floor of 0 and nondecreasing in ``rows``."""
+        per_context = [max(_interp(rows, self.sizes, row), 1e-9) for row in self.seconds]
+        if len(self.contexts) == 1:
+            return per_context[0]
+        return max(_interp(context, self.contexts, per_context), 1e-9)
+
+    def costs(self, max_rows: int, context: int) -> torch.Tensor:
+        """``[max_rows]`` predicted seconds for 1..max_rows rows (one vectorised call per decoding step)."""
+        rows = torch.arange(1, max_rows + 1, dtype=torch.float64)
+        sizes = torch.tensor(self.sizes, dtype=torch.float64)
+        per_context = [_interp_tensor(rows, sizes, torch.tensor(r, dtype=torch.float64)) for r in self.seconds]
+        if len(self.contexts) == 1:
+            out = per_context[0]
+        else:
+            contexts = [float(c) for c in self.contexts]
+            i = 1
+            while i < len(contexts) - 1 and context > contexts[i]:
+                i += 1
+            w = (context - contexts[i - 1]) / (contexts[i] - contexts[i - 1])
+            out = per_context[i - 1] + w * (per_context[i] - per_context[i - 1])
+        return out.clamp(min=1e-9).cummax(0).values
+
+    def observe(self, rows: int, context: int, seconds: float, rate: float = COST_RATE) -> None:
+        """Moves the grid points around (rows, context) towards a measured step, weighted by closeness, then keeps the
+        curve nondecreasing in ``rows``."""
+        if seconds <= 0 or not math.isfinite(seconds):
+            return
+        ratio = seconds / self(rows, context)
+        j = min(range(len(self.contexts)), key=lambda c: abs(self.contexts[c] - context))
+        hi = next((i for i, s in enumerate(self.sizes) if s >= rows), len(self.sizes) - 1)
+        lo = max(hi - 1, 0) if self.sizes[hi] != rows else hi
+        span = max(self.sizes[hi] - self.sizes[lo], 1)
+        weights = {hi: 1.0} if lo == hi else {lo: (self.sizes[hi] - rows) / span, hi: (rows - self.sizes[lo]) / span}
+        row = self.seconds[j]
+        for i, w in weights.items():
+            row[i] *= 1 + rate * max(w, 0.0) * (ratio - 1)
+        for i in range(1, len(row)):
+            row[i] = max(row[i], row[i - 1])
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "CostCurve":
+        return cls(list(data["sizes"]), list(data["contexts"]), [list(r) for r in data["seconds"]], data.get("key", {}))
+
+    def table(self) -> str:
+        """Markdown table: ms per forward, one column per row count, one row per context length."""
+        head = "| context \\ rows | " + " | ".join(str(s) for s in self.sizes) + " |"
+        sep = "|---|" + "---:|" * len(self.sizes)
+        body = [f"| {c} | " + " | ".join(f"{1000 * s:.1f}" for s in row) + " |"
+                for c, row in zip(self.contexts, self.seconds)]
+        return "\n".join([head, sep, *body])
+
+
+def model_key(model: torch.nn.Module, threads: int | None = None, compiled=None) -> dict:
+    """What a calibration is valid for: model identity (name + config hash), dtype, device/hardware, threads, and
+    how the forward runs (eager, or compiled with which settings): the two curves of a machine are cached apart."""
+    from .hardware import detect
+
+    config = getattr(model, "config", None)
+    text = config.to_json_string(use_diff=False) if config is not None else type(model).__name__
+    param = next(model.parameters())
+    return {
+        "model": getattr(model, "name_or_path", "") or type(model).__name__,
+        "config_sha": hashlib.sha256(text.encode()).hexdigest()[:16],
+        "dtype": str(param.dtype).removeprefix("torch."),
+        "device": str(param.device),
+        "hardware": detect(param.device).name,
+        "threads": int(threads if threads is not None else torch.get_num_threads()),
+        **({"compiled": compiled.settings.describe()} if compiled is not None else {}),
+    }
+
+
+def cache_path(key: dict, cache_dir: str | Path | None = None) -> Path:
+    from ..paths import default_cache_dir
+
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    return Path(cache_dir or default_cache_dir()) / "latency" / f"{digest}.json"
+
+
+@torch.inference_mode()
+def calibrate_target(
+    model: torch.nn.Module,
+    sizes: tuple[int, ...] = CALIBRATION_SIZES,
+    contexts: tuple[int, ...] = CALIBRATION_CONTEXTS,
+    repeats: int = 1,
+    compiled=None,
+) -> CostCurve:
+    """Times one target forward per (rows, context) exactly as a tree verification runs (4D float mask, explicit
+    positions, a DynamicCache of ``context`` tokens, under ``inference_mode`` as the loops run), keeping the fastest
+    of ``repeats``; with ``compiled`` (a `hf_treespec.compiled.CompiledForward`), through its compiled graphs over a
+    preallocated cache. One untimed forward per context warms up. At first use `load_or_calibrate` keeps the fastest of `FIRST_USE_REPEATS` per point (42 timed
+    forwards, ~8 s for SmolLM2-135M on 2 CPU cores): the cost rule sizes trees by the curve's differences between
+    neighbouring row counts, which single measurements on a noisy machine get wrong (a 4-row forward measured slower
+    than an 8-row one); the online refinement from real steps corrects what remains."""
+    from ..compat import CACHE_KWARG
+
+    device, dtype = next(model.parameters()).device, model.dtype
+    vocab = int(model.config.get_text_config().vocab_size)
+    gen = torch.Generator().manual_seed(0)
+    seconds = []
+    for context in contexts:
+        cache = _prefilled_cache(model, 1, context, gen, capacity=context + max(sizes) if compiled else None)
+        row = []
+        for rows in sizes:
+            ids = torch.randint(0, vocab, (1, rows), generator=gen).to(device)
+            positions = torch.arange(context, context + rows, device=device)[None]
+            mask = causal_row_mask(rows, context + rows, dtype, device)
+            best = float("inf")
+            warm_up = rows == sizes[0]
+            for attempt in range(repeats + warm_up):
+                sync(device)
+                t0 = time.perf_counter()
+                if compiled is not None:
+                    compiled(ids, positions, mask, cache)
+                else:
+                    model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
+                          **{CACHE_KWARG: cache})
+                sync(device)
+                if attempt or not warm_up:
+                    best = min(best, time.perf_counter() - t0)
+                cache.crop(-rows)  # drop the rows just added (transformers 5.23: a negative count)
+            row.append(best)
+        seconds.append(row)
+    return CostCurve(list(sizes), list(contexts), seconds, model_key(model, compiled=compiled))
+
+
+def _prefilled_cache(model: torch.nn.Module, batch: int, context: int, generator: torch.Generator,
+                     capacity: int | None = None):
+    """A cache holding ``context`` random tokens per sequence, laid out as the tree loop runs it (sliding layers
+    full-length; the window costs no time here); with ``capacity``, preallocated as a compiled run lays it out."""
+    from transformers import DynamicCache
+
+    from ..compat import CACHE_KWARG
+    from ..kv.window import prepare
+
+    cache = DynamicCache(config=model.config)
+    if capacity is not None:
+        from ..compiled import preallocate
+
+        preallocate(cache, capacity)
+    else:
+        prepare(model, cache)
+    vocab = int(model.config.get_text_config().vocab_size)
+    prefix = torch.randint(0, vocab, (batch, context), generator=generator).to(next(model.parameters()).device)
+    model(input_ids=prefix, use_cache=True, logits_to_keep=1, **{CACHE_KWARG: cache})
+    return cache
+
+
+def load_or_calibrate(model: torch.nn.Module, cache_dir: str | Path | None = None, compiled=None,
+                      **kwargs) -> CostCurve:
+    """The cached curve for this (model, dtype, device, threads, eager or compiled), measuring and caching it at
+    first use."""
+    key = model_key(model, compiled=compiled)
+    path = cache_path(key, cache_dir)
+    if path.exists():
+        try:
+            curve = CostCurve.from_json(json.loads(path.read_text()))
+            if curve.key == key:
+                return curve
+        except (ValueError, KeyError, TypeError):
+            pass  # unreadable or stale: measure again and overwrite
+    kwargs.setdefault("repeats", FIRST_USE_REPEATS)
+    curve = calibrate_target(model, compiled=compiled, **kwargs)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(curve.to_json(), indent=1))
+    return curve
+
+
+@dataclass
+class BatchCheck:
+    """One point of `calibrate_batches`: a ``[batch, rows]`` verification forward against the curve's price for it
+    (``batch x rows`` rows of one sequence)."""
+
+    batch: int
+    rows: int
+    context: int
+    measured: float
+    predicted: float
+
+    @property
+    def ratio(self) -> float:
+        return self.measured / self.predicted
+
+
+@torch.no_grad()
+def calibrate_batches(
+    model: torch.nn.Module, curve: CostCurve, batches: tuple[int, ...], rows: tuple[int, ...] = (1, 2, 4, 8),
+    context: int = 256, repeats: int = 3,
+) -> list[BatchCheck]:
+    """Times ``[batch, rows]`` forwards as the batched loop runs them (every sequence ``context`` cached tokens, a
+    ``[batch, 1, rows, context + rows]`` float mask, explicit positions), the fastest of ``repeats`` after one warm-up
+    per batch, next to ``curve(batch x rows, context)``: the premise a batch's tree sizing rests on."""
+    from ..compat import CACHE_KWARG
+
+    device, dtype = next(model.parameters()).device, model.dtype
+    vocab = int(model.config.get_text_config().vocab_size)
+    gen = torch.Generator().manual_seed(0)
+    checks = []
+    for batch in batches:
+        cache = _prefilled_cache(model, batch, context, gen)
+        for count in rows:
+            ids = torch.randint(0, vocab, (batch, count), generator=gen).to(device)
+            positions = torch.arange(context, context + count, device=device)[None].expand(batch, -1)
+            mask = causal_row_mask(count, context + count, dtype, device).expand(batch, -1, -1, -1)
+            best = float("inf")
+            for attempt in range(repeats + 1):
+                sync(device)
+                t0 = time.perf_counter()
+                model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
+                      **{CACHE_KWARG: cache})
+                sync(device)
+                if attempt:
+                    best = min(best, time.perf_counter() - t0)
+                cache.crop(-count)
+            checks.append(BatchCheck(batch, count, context, best, curve(batch * count, context)))
+    return checks

@@ -1,0 +1,363 @@
+"""Measured costs and acceptance: what ``tree_budget="auto"`` sizes every tree by.
+
+- `CostCurve` (`hf_treespec.cost.curve`): seconds of one target verification per rows and context, calibrated once
+  per machine and refined online.
+- `AcceptanceTable`: draft score (log of the path's draft probability) -> probability that the target accepts the
+  node, binned on a log2 scale, learned online from the verified trees (EMA of hits, isotonic across bins).
+- `SpeedModel`: both, plus the drafter's cost per forward and the realised speed of drafted vs. draft-free steps, so
+  the loop can stop drafting where no tree pays (with periodic re-probing).
+
+Nothing here is global: a `SpeedModel` lives on the model instance that uses it (see `speed_model_for`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .curve import CostCurve, load_or_calibrate
+
+#: after this many draft-free steps a probe of PROBE_STEPS drafted steps runs, so a drafter that became useful is
+#: noticed; the interval doubles after every probe that did not pay (up to MAX_REPROBE_EVERY), so a
+#: drafter that never pays costs next to nothing
+REPROBE_EVERY = 16
+MAX_REPROBE_EVERY = 1024
+PROBE_STEPS = 4
+#: while drafting loses, a re-probe also waits until the draft-free time since the last probe is at least the time
+#: that probe lost over this fraction, so re-probing costs at most ~this share of the run however costly a probe
+#: is (a probe of a large batch drafts every row: many times a one-row probe's cost)
+PROBE_BUDGET = 0.02
+#: weight kept per new observation by the drafted / draft-free step statistics (a window of ~20 steps of each kind)
+STEP_DECAY = 0.95
+#: the drafter is switched off once the mean gain of at least MIN_EVIDENCE drafted steps (decayed count) is below
+#: zero by SKIP_CONFIDENCE standard errors, one step's gain variance taken as at least GAIN_VARIANCE_FLOOR (tokens^2).
+#: A paying drafter's steps commit 1, 2, 3 ... tokens (variance ~1), so an unlucky start does not switch it off; a
+#: losing one commits ~1 token a step and only timing noise varies, so a loss of 0.1 token per step is still caught
+MIN_EVIDENCE = 8
+SKIP_CONFIDENCE = 2.0
+GAIN_VARIANCE_FLOOR = 0.05
+#: log draft probability of a node's best child before any tree was seen (learned per drafter from its trees)
+CHILD_LOGPROB_PRIOR = math.log(0.5)
+
+
+class AcceptanceTable:
+    """Calibrated P(target accepts node) from its draft score (log path probability under q).
+
+    Bins on log2 of the draft probability (``[2^-bins, ..]``, last bin up to 1); each bin keeps decayed hit / count
+    sums plus a prior of ``prior_weight`` pseudo-observations at the bin's own probability (an uncalibrated drafter
+    is taken at its word). Estimates are made monotone in the score with pool-adjacent-violators.
+    """
+
+    def __init__(self, bins: int = 16, prior_weight: float = 4.0, decay: float = 0.995):
+        self.edges = torch.tensor([-float(b) for b in range(bins - 1, 0, -1)]) * math.log(2.0)  # ascending log edges
+        centers = torch.tensor([-(b + 0.5) for b in range(bins - 1, -1, -1)]) * math.log(2.0)
+        self.prior = centers.exp().clamp(max=1.0)
+        self.prior_weight = prior_weight
+        self.decay = decay
+        self.hits = torch.zeros(bins, dtype=torch.float64)
+        self.counts = torch.zeros(bins, dtype=torch.float64)
+        self._rates = self._fit()
+
+    def _fit(self) -> torch.Tensor:
+        raw = (self.hits + self.prior_weight * self.prior) / (self.counts + self.prior_weight)
+        return _isotonic(raw, self.counts + self.prior_weight).float()
+
+    def bin_of(self, scores: torch.Tensor) -> torch.Tensor:
+        return torch.bucketize(scores.detach().float().cpu(), self.edges)
+
+    def __call__(self, scores: torch.Tensor) -> torch.Tensor:
+        """Acceptance probabilities ``[n]`` for draft log-scores ``[n]`` (on the CPU)."""
+        return self._rates[self.bin_of(scores)]
+
+    def observe(self, scores: torch.Tensor, accepted: torch.Tensor) -> None:
+        """One verified tree: ``scores`` of its draft nodes, ``accepted`` (bool): whether each was accepted."""
+        self.hits.mul_(self.decay)
+        self.counts.mul_(self.decay)
+        bins = self.bin_of(scores)
+        self.counts.index_add_(0, bins, torch.ones(bins.numel(), dtype=torch.float64))
+        self.hits.index_add_(0, bins, accepted.detach().cpu().to(torch.float64))
+        self._rates = self._fit()
+
+    def rates(self) -> torch.Tensor:
+        return self._rates.clone()
+
+
+def _isotonic(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Weighted pool-adjacent-violators: the nondecreasing sequence nearest ``values`` (a handful of bins)."""
+    blocks: list[list[float]] = []  # [mean, weight, length]
+    for v, w in zip(values.tolist(), weights.tolist()):
+        blocks.append([v, w, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            v2, w2, n2 = blocks.pop()
+            v1, w1, n1 = blocks.pop()
+            blocks.append([(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
+    return torch.tensor([v for v, _, n in blocks for _ in range(n)], dtype=values.dtype)
+
+
+@dataclass
+class EMA:
+    value: float | None = None
+    rate: float = 0.2
+
+    def add(self, x: float) -> None:
+        self.value = x if self.value is None else self.value + self.rate * (x - self.value)
+
+
+@dataclass
+class DecayedStats:
+    """Decayed count, sum and sum of squares of one per-step quantity: recent steps weigh most."""
+
+    decay: float = STEP_DECAY
+    count: float = 0.0
+    total: float = 0.0
+    squares: float = 0.0
+
+    def add(self, x: float) -> None:
+        self.count = self.decay * self.count + 1.0
+        self.total = self.decay * self.total + x
+        self.squares = self.decay * self.squares + x * x
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.count if self.count else 0.0
+
+    @property
+    def variance(self) -> float:
+        return max(self.squares / self.count - self.mean**2, 0.0) if self.count else 0.0
+
+
+@dataclass
+class RateWindow:
+    """Tokens per second over recent steps of one kind, as a ratio of decayed sums (a mean of per-step rates would
+    be skewed by single lucky or slow steps)."""
+
+    decay: float = STEP_DECAY
+    tokens: float = 0.0
+    seconds: float = 0.0
+
+    def add(self, tokens: float, seconds: float) -> None:
+        self.tokens = self.decay * self.tokens + tokens
+        self.seconds = self.decay * self.seconds + seconds
+
+    @property
+    def rate(self) -> float | None:
+        return self.tokens / self.seconds if self.seconds > 0 else None
+
+
+class DepthAcceptance:
+    """Per-depth acceptance of sampled trees with ``k`` paths / siblings, for choosing their shape (k, l).
+
+    Model: at every depth the target continues with probability ``alpha_k = 1 - (1 - alpha)^k`` (k independent
+    tries of one per-token acceptance ``alpha``). A step with shape (k, l) that accepted ``a`` drafts gives ``a``
+    successes and, when ``a < l``, one failure at depth a + 1 (a truncated geometric). ``alpha`` is the maximum-
+    likelihood value on a grid over the decayed success / failure counts per k; before any step it is ``prior``.
+    """
+
+    def __init__(self, prior: float = 0.5, decay: float = 0.98, prior_weight: float = 2.0):
+        self.grid = torch.linspace(0.01, 0.99, 99, dtype=torch.float64)
+        self.prior, self.decay, self.prior_weight = prior, decay, prior_weight
+        self.counts: dict[int, list[float]] = {}  # k -> [successes, failures]
+
+    def observe(self, k: int, depth: int, accepted: int) -> None:
+        for value in self.counts.values():
+            value[0] *= self.decay
+            value[1] *= self.decay
+        entry = self.counts.setdefault(int(k), [0.0, 0.0])
+        entry[0] += accepted
+        entry[1] += 1.0 if accepted < depth else 0.0
+
+    @property
+    def alpha(self) -> float:
+        # the prior as pseudo-counts of a single chain
+        loglik = self.prior_weight * (self.prior * self.grid.log() + (1 - self.prior) * (1 - self.grid).log())
+        for k, (wins, losses) in self.counts.items():
+            alpha_k = 1 - (1 - self.grid) ** k
+            loglik = loglik + wins * alpha_k.log() + losses * (1 - alpha_k).clamp(min=1e-12).log()
+        return float(self.grid[int(loglik.argmax())])
+
+    def expected_tokens(self, k: int, depth: int) -> float:
+        """1 + expected accepted drafts of a (k, depth) sampled tree under the model."""
+        a = 1 - (1 - self.alpha) ** k
+        return 1 + sum(a**j for j in range(1, depth + 1))
+
+
+class SpeedModel:
+    """Everything ``tree_budget="auto"`` decides with: target cost curve, drafter cost per forward, acceptance.
+
+    ``draft_seconds`` starts at ``draft_prior`` (a fraction of a one-row target step) and follows the measured
+    drafting time per forward. Every step that ran the drafter also records its *gain*: tokens committed minus what
+    draft-free steps commit in the same time (their measured rate, or the cost curve's one-row step before any). The
+    drafter is switched off ("skip") only once the mean gain is below zero by `SKIP_CONFIDENCE` standard errors over
+    enough drafted steps, so a single unlucky step never switches it off; then every ``reprobe_every`` draft-free
+    steps a probe of `PROBE_STEPS` drafted steps adds fresh evidence; the interval doubles after every probe that leaves
+    the mean gain below zero and returns to ``reprobe_every`` once it is above, and it never ends before the
+    draft-free time since the last probe is 1 / `PROBE_BUDGET` times what that probe lost (before any probe: what
+    one is predicted to lose, so at a large batch, where a probe drafts every row, probes stay rare from the start).
+    """
+
+    def __init__(self, curve: CostCurve, acceptance: AcceptanceTable | None = None, draft_prior: float = 0.3,
+                 reprobe_every: int = REPROBE_EVERY, batch: int = 1, batched_drafting: bool = False):
+        self.curve = curve
+        #: rows decoded together: a step verifies ``batch`` trees in one forward (priced at ``batch x nodes`` target
+        #: rows) and drafts them in rounds, one round per expansion: ONE forward for all rows when the drafter batches
+        #: them (``batched_drafting``), else one forward per row
+        self.batch = batch
+        self.batched_drafting = batched_drafting
+        self.acceptance = acceptance if acceptance is not None else AcceptanceTable()
+        self._draft = EMA()
+        self._draft_prior = draft_prior
+        self._child = EMA()
+        self.drafted = RateWindow()  # steps that ran the drafter (for inspection; the decision reads `gain`)
+        self.plain = RateWindow()  # draft-free steps
+        self.gain = DecayedStats()
+        self.reprobe_every = reprobe_every
+        self._base_reprobe = reprobe_every
+        self._since_draft = 0
+        self._probe_left = 0
+        self._probe_loss: float | None = None  # seconds the last probe lost against draft-free steps
+        self._free_seconds = 0.0  # draft-free seconds since the last drafted step
+        self.depth_acceptance = DepthAcceptance()
+
+    def target_seconds(self, rows: int, context: int) -> float:
+        """Predicted seconds of a step verifying ``rows`` rows (root included) in each of the batch's trees."""
+        return self.curve(rows * self.batch, context)
+
+    def step_costs(self, max_rows: int, context: int) -> torch.Tensor:
+        """``[max_rows]`` predicted seconds of a step verifying 1..max_rows rows per tree, the batch's total rows
+        priced on the cost curve (a ``[B, n]`` forward read as ``B x n`` rows of one sequence: equal matmul work)."""
+        return self.curve.costs(max_rows * self.batch, context)[self.batch - 1 :: self.batch]
+
+    def draft_seconds(self, context: int) -> float:
+        """Seconds per draft round (one expansion of every row of the batch): the measured mean, or before any the
+        prior, a fraction of a target step over the batch's rows (batched drafting) or of one row per row."""
+        if self._draft.value is not None:
+            return self._draft.value
+        if self.batched_drafting:
+            return self._draft_prior * self.curve(self.batch, context)
+        return self._draft_prior * self.curve(1, context) * self.batch
+
+    @property
+    def child_logprob(self) -> float:
+        """Log of the mean draft probability of an expanded node's best child (how far below its parent the best
+        child scores on average): what the cost rule's lookahead expects of an expansion it has not drafted yet. The
+        mean is taken over probabilities, not logs: acceptance grows with the probability, and a mean of logs would
+        let a few near-zero children drag the estimate far down."""
+        return math.log(self._child.value) if self._child.value is not None else CHILD_LOGPROB_PRIOR
+
+    def observe_children(self, scores: torch.Tensor, parents: torch.Tensor) -> None:
+        """One drafted tree (``scores``: draft log path probabilities, ``parents``: -1 at the root): the mean
+        conditional draft probability of every expanded node's best child."""
+        if parents.numel() < 2:
+            return
+        best = torch.full_like(scores, -math.inf).scatter_reduce(0, parents[1:], scores[1:], "amax")
+        expanded = torch.isfinite(best)
+        self._child.add(max(float((best[expanded] - scores[expanded]).exp().mean()), 1e-6))
+
+    def plain_rate(self, context: int) -> float:
+        """Tokens per second of a draft-free step: measured, or one per row of the batch per predicted forward of
+        ``batch`` rows before any."""
+        rate = self.plain.rate
+        return rate if rate is not None else self.batch / self.curve(self.batch, context)
+
+    def drafting_loses(self) -> bool:
+        """Whether drafted steps have been slower than draft-free ones beyond noise: at least `MIN_EVIDENCE` of them
+        and a mean gain below zero by more than `SKIP_CONFIDENCE` standard errors."""
+        if self.gain.count < MIN_EVIDENCE:
+            return False
+        spread = math.sqrt(max(self.gain.variance, GAIN_VARIANCE_FLOOR) / self.gain.count)
+        return self.gain.mean + SKIP_CONFIDENCE * spread < 0
+
+    def predicted_probe_loss(self, context: int) -> float:
+        """Seconds a probe is expected to lose when drafting does not pay: `PROBE_STEPS` steps that each draft one
+        node per row and verify two rows per row instead of one (what the budget waits for before the first probe)."""
+        extra = self.draft_seconds(context) + self.target_seconds(2, context) - self.target_seconds(1, context)
+        return PROBE_STEPS * max(extra, 0.0)
+
+    def _probing(self, context: int) -> bool:
+        if self._probe_left > 0:
+            return True
+        if self._since_draft + 1 < self.reprobe_every:
+            return False
+        loss = self.predicted_probe_loss(context) if self._probe_loss is None else self._probe_loss
+        return self._free_seconds * PROBE_BUDGET >= loss
+
+    def step_mode(self, context: int) -> str:
+        """``"probe"`` within a probe (draft at least one node, to refresh the acceptance, drafter-cost and gain
+        estimates); ``"skip"`` (no drafter at all) while `drafting_loses`, and for a batch until its first probe;
+        else ``"size"``: the per-step cost rule decides (it may still draft nothing).
+
+        A batch drafts first in a probe, budgeted by time like every re-probe: before any drafted step the cost rule
+        sizes a batch's trees on the curve's price of ``batch x n`` rows, which a ``[batch, n]`` forward exceeds
+        (1.2-3x measured on a 2-core CPU at batch 4-64), and every drafted step of a batch widens every row's
+        forward; exploring there unbudgeted cost a short batched run ~10%."""
+        if self._probing(context):
+            return "probe"
+        if self.drafting_loses() or (self.batch > 1 and self.gain.count == 0):
+            return "skip"
+        return "size"
+
+    def observe_step(self, *, tree_scores: torch.Tensor, on_path: torch.Tensor, rows: int, context: int,
+                     draft_seconds: float, draft_forwards: int, verify_seconds: float, tokens: int,
+                     trees: int | None = None) -> None:
+        """One verified step: ``tree_scores``/``on_path`` of its draft nodes (root excluded), ``rows`` verified per
+        tree (root included), measured draft / verify time, tokens committed. A step whose drafter ran counts as
+        drafted even when the cost rule then kept no node: it paid for the drafter. A batch step is observed once,
+        as a whole: every row's nodes concatenated, ``rows`` the packed tree width, ``trees`` the rows verified in
+        the forward (the batch when None), ``draft_forwards`` the draft rounds (one forward per round, or one per
+        row when the drafter does not batch rows), draft seconds and tokens summed over rows, so drafted and
+        draft-free steps are compared at the batch's own throughput."""
+        probing = bool(draft_forwards) and self._probing(context)  # the mode this step ran in, before any update
+        self.curve.observe(rows * (self.batch if trees is None else trees), context, verify_seconds)
+        if draft_forwards:
+            self._draft.add(draft_seconds / draft_forwards)
+        if rows > 1:
+            self.acceptance.observe(tree_scores, on_path)
+        total = draft_seconds + verify_seconds
+        if not draft_forwards:
+            self._since_draft += 1
+            if total > 0:
+                self.plain.add(tokens, total)
+                self._free_seconds += total
+            return
+        self._since_draft, self._free_seconds = 0, 0.0
+        if total > 0:
+            plain_rate = self.plain_rate(context)
+            gain = tokens - plain_rate * total
+            self.gain.add(gain)
+            self.drafted.add(tokens, total)
+            if probing:
+                lost = max(-gain / plain_rate, 0.0)
+                self._probe_loss = lost if self._probe_left == 0 else (self._probe_loss or 0.0) + lost
+        if probing:
+            self._probe_left = (PROBE_STEPS if self._probe_left == 0 else self._probe_left) - 1
+            if self._probe_left:
+                return
+        if self.gain.mean > 0:  # drafting pays on the evidence so far: probe soon again whenever it is switched off
+            self.reprobe_every, self._probe_loss = self._base_reprobe, None
+        elif probing:  # a probe that did not pay: wait twice as long for the next one
+            self.reprobe_every = min(2 * self.reprobe_every, MAX_REPROBE_EVERY)
+
+
+def speed_model_for(model: torch.nn.Module, key: tuple, cache_dir: str | Path | None = None,
+                    batch: int = 1, batched_drafting: bool = False, compiled=None) -> SpeedModel:
+    """The `SpeedModel` of ``model`` for ``key`` (drafter, sampling settings ...), kept on the model instance so it
+    keeps learning across ``generate`` calls. The cost curve is shared per (dtype, device, threads, batch size): a
+    batch's steps teach it what ``[batch, n]`` forwards cost, which is more than ``batch x n`` rows of one sequence
+    (every sequence reads its own KV cache; `hf_treespec.cost.curve.calibrate_batches` measures the gap), so each batch
+    size refines its own copy of the calibrated curve and never skews the one-sequence curve. A run whose steps go
+    through ``compiled`` (a `hf_treespec.compiled.CompiledForward`) prices trees on that path's own curve."""
+    store = model.__dict__.setdefault("_treespec_speed_models", {})
+    curve_key = ("curve", str(model.dtype), str(next(model.parameters()).device), torch.get_num_threads(),
+                 None if compiled is None else compiled.settings)
+    if curve_key not in store:
+        store[curve_key] = load_or_calibrate(model, cache_dir, compiled=compiled)
+    batch_key = (*curve_key, batch)
+    if batch_key not in store:
+        store[batch_key] = store[curve_key] if batch == 1 else CostCurve.from_json(store[curve_key].to_json())
+    full_key = (curve_key, *key, batch)
+    if full_key not in store:
+        store[full_key] = SpeedModel(store[batch_key], batch=batch, batched_drafting=batched_drafting)
+    return store[full_key]

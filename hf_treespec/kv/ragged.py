@@ -1,0 +1,173 @@
+"""`RaggedKV`: one target `DynamicCache` for a batch whose rows commit different numbers of tokens every step.
+
+Scheme (per-row compaction into a shared width, holes masked): row ``b`` keeps its committed tokens left-aligned in
+columns ``[0, lengths[b])`` (the prompt's left padding included, masked by ``prompt_mask``); columns
+``[lengths[b], width)`` are holes that no query attends to. A step appends every row's tree (packed to the widest
+tree, padding nodes masked) at columns ``[width, width + N)``; after verification each row's accepted rows are moved
+down to ``lengths[b]...`` with one advanced-indexing copy per layer (only the accepted rows move: O(accepted), never a
+copy of the whole cache), and the cache is cut back to the new widest row with a view, as ``DynamicCache.crop`` does.
+
+Cost: memory ``batch x (longest row + N)`` per layer, the same as plain batched ``generate`` plus one tree; a row
+that lags the longest by ``h`` tokens carries ``h`` masked hole columns, filled again as it catches up. Time: one
+index copy of ``sum(accepted)`` rows per layer per step. Finished rows leave the batch (``retire``) so they stop
+costing compute; ``finish`` lays every row out again as ``sequences[:, :-1]`` so plain ``generate`` can continue.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from ..attention import additive_mask
+from .tree_kv import to_device
+from ..tree import DraftTree
+
+
+def _layers(cache: DynamicCache):
+    for layer in cache.layers:
+        if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
+            raise ValueError(
+                f"tree speculation needs a plain DynamicCache; got a {type(layer).__name__} layer "
+                "(sliding-window / static caches cannot drop rejected tree rows)."
+            )
+        if layer.keys is not None and layer.keys.numel():
+            yield layer
+
+
+class RaggedKV:
+    """Bookkeeping of the target cache of a batch (host tensors; the cache itself stays on the model's device).
+
+    Attributes:
+        cache: the DynamicCache generate prepared (its layers are edited in place and returned to the caller).
+        prompt_mask: ``[B0, L]`` bool, False at left-padding columns of the prompt (all original rows).
+        rows: ``[B]`` original row index of each active cache row.
+        lengths: ``[B]`` committed tokens in the cache per active row (padding columns of the prompt included).
+    """
+
+    def __init__(self, cache: DynamicCache, prompt_mask: torch.Tensor):
+        self.cache = cache
+        self.prompt_mask = prompt_mask.bool().cpu()
+        batch, prompt_len = self.prompt_mask.shape
+        self.prompt_len = prompt_len
+        self.rows = torch.arange(batch)
+        self.lengths = torch.full((batch,), prompt_len, dtype=torch.long)
+        self.pads = (~self.prompt_mask).sum(-1)
+        self._retired: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+
+    @property
+    def width(self) -> int:
+        return int(self.lengths.max())
+
+    def positions(self) -> torch.Tensor:
+        """``[B]`` position id of each active row's next token (its real tokens so far: padding columns skipped)."""
+        return self.lengths - self.pads[self.rows]
+
+    def valid(self) -> torch.Tensor:
+        """``[B, width]`` bool: the cache columns each active row attends to."""
+        columns = torch.arange(self.width)
+        prompt = torch.ones(len(self.rows), self.width, dtype=torch.bool)
+        prompt[:, : self.prompt_len] = self.prompt_mask[self.rows]
+        return (columns[None] < self.lengths[:, None]) & prompt
+
+    def tree_inputs(self, trees: list[DraftTree], dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        """Host ``input_ids`` / ``position_ids`` ``[B, N]`` and the additive 4D mask ``[B, 1, N, width + N]`` feeding
+        every active row's tree (row i of ``trees`` for active row i), packed to the widest tree ``N``. A padding node
+        sees only itself (no fully masked query row) and no real node sees it."""
+        sizes = torch.tensor([t.num_nodes for t in trees])
+        batch, width, n = len(trees), self.width, int(sizes.max())
+        ids = torch.zeros(batch, n, dtype=torch.long)
+        depth = torch.zeros(batch, n, dtype=torch.long)
+        visible = torch.zeros(batch, n, width + n, dtype=torch.bool)
+        visible[:, :, :width] = self.valid()[:, None, :]
+        visible[:, :, width:] = torch.eye(n, dtype=torch.bool)  # padding nodes: themselves only
+        for i, tree in enumerate(trees):  # one tensor copy per row: a tree's own fields, never a per-node loop
+            m = tree.num_nodes
+            ids[i, :m] = tree.tokens
+            depth[i, :m] = tree.depth
+            visible[i, :m, width : width + m] = tree.ancestor_mask()
+        positions = self.positions()[:, None] + depth
+        return ids, positions, additive_mask(visible, dtype)[:, None]
+
+    def commit(self, accepted: list[torch.Tensor]) -> None:
+        """After a forward that appended every active row's tree past the old width: keeps each active row's accepted path (node
+        indices, root first) right after its committed tokens, then cuts the cache to the longest row."""
+        counts = torch.tensor([int(a.numel()) for a in accepted])
+        width = self.width
+        batch_idx = torch.repeat_interleave(torch.arange(len(accepted)), counts)
+        starts = torch.repeat_interleave(self.lengths, counts)
+        offsets = torch.cat([torch.arange(int(c)) for c in counts])
+        destination = starts + offsets
+        source = width + torch.cat([a.cpu() for a in accepted])
+        self.lengths = self.lengths + counts
+        new_width = int(self.lengths.max())
+        moves = destination != source
+        any_moves = bool(moves.any())
+        indices: dict[torch.device, tuple[torch.Tensor, ...]] = {}  # moved once per device, not once per layer
+        for layer in _layers(self.cache):
+            if any_moves:
+                device = layer.keys.device
+                if device not in indices:
+                    indices[device] = to_device(device, batch_idx[moves], destination[moves], source[moves])
+                b, dst, src = indices[device]
+                layer.keys[b, :, dst] = layer.keys[b, :, src]
+                layer.values[b, :, dst] = layer.values[b, :, src]
+            layer.keys = layer.keys[..., :new_width, :]
+            layer.values = layer.values[..., :new_width, :]
+
+    def retire(self, keep: torch.Tensor) -> None:
+        """Drops the active rows not in ``keep`` (bool ``[B]``) from the cache; their committed KV is set aside for
+        `finish`. When no row is kept (the batch is done) nothing moves: `finish` lays the cache out as it is."""
+        if bool(keep.all()) or not bool(keep.any()):
+            return
+        gone = (~keep).nonzero().squeeze(-1).tolist()
+        layers = list(_layers(self.cache))
+        for i in gone:
+            length = int(self.lengths[i])
+            self._retired[int(self.rows[i])] = [
+                (layer.keys[i : i + 1, :, :length].clone(), layer.values[i : i + 1, :, :length].clone())
+                for layer in layers
+            ]
+        kept = keep.nonzero().squeeze(-1)
+        self.rows, self.lengths = self.rows[kept], self.lengths[kept]
+        if kept.numel():
+            new_width = int(self.lengths.max())
+            on_device: dict[torch.device, torch.Tensor] = {}  # moved once per device, not once per layer
+            for layer in layers:
+                if layer.keys.device not in on_device:
+                    on_device[layer.keys.device] = kept.to(layer.keys.device)
+                index = on_device[layer.keys.device]
+                layer.keys = layer.keys.index_select(0, index)[..., :new_width, :]
+                layer.values = layer.values.index_select(0, index)[..., :new_width, :]
+
+    def finish(self, final_lengths: torch.Tensor) -> None:
+        """Lays every original row out as its output sequence minus the last token (``final_lengths[b] - 1``
+        columns, as plain ``generate`` leaves its cache), holes zero-filled, so a caller can continue with plain
+        ``generate`` (pass an ``attention_mask`` with zeros at the holes and padding)."""
+        active = {int(r): i for i, r in enumerate(self.rows)}
+        keep = (final_lengths - 1).clamp(min=0)
+        width = int(keep.max())
+        if not self._retired and torch.equal(self.rows, torch.arange(len(final_lengths))):
+            # every row still in the cache, in order (no row retired): already laid out; cut and zero the holes
+            holes = (torch.arange(width)[None] >= keep[:, None])[:, None, :, None]
+            on_device: dict[torch.device, torch.Tensor] = {}  # moved once per device, not once per layer
+            for layer in _layers(self.cache):
+                if layer.keys.device not in on_device:
+                    on_device[layer.keys.device] = holes.to(layer.keys.device)
+                where = on_device[layer.keys.device]
+                layer.keys = layer.keys[..., :width, :].masked_fill(where, 0)
+                layer.values = layer.values[..., :width, :].masked_fill(where, 0)
+            return
+        for index, layer in enumerate(list(_layers(self.cache))):
+            keys = layer.keys.new_zeros((len(final_lengths), layer.keys.shape[1], width, layer.keys.shape[-1]))
+            values = layer.values.new_zeros((len(final_lengths), layer.values.shape[1], width, layer.values.shape[-1]))
+            for row in range(len(final_lengths)):  # once per generation, not per step
+                count = int(keep[row])
+                if row in active:
+                    i = active[row]
+                    source_k, source_v = layer.keys[i : i + 1], layer.values[i : i + 1]
+                else:
+                    source_k, source_v = self._retired[row][index]
+                keys[row, :, :count] = source_k[0, :, :count]
+                values[row, :, :count] = source_v[0, :, :count]
+            layer.keys, layer.values = keys, values
+        self._retired.clear()

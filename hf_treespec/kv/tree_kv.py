@@ -1,0 +1,184 @@
+"""`TreeKV`: a DynamicCache laid out as [committed prefix][tree rows of the current step].
+
+Both the target (verification) and classic drafters (expansion) append tree nodes to their cache during a step and
+keep only the accepted path's rows afterwards. ``DynamicCache.crop`` only trims from the end, so the accepted rows are
+kept with one ``index_select`` per layer. Tree rows are tracked by node *uid*, so policies may prune and reindex the
+tree between expansions.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from ..attention import float_mask
+from ..tree import DraftTree
+
+
+def to_device(device: torch.device, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Host tensors moved to ``device`` in ONE copy: their bytes are packed into one buffer, copied, and viewed back
+    (a tree forward's ids, positions, mask and per-node indices would otherwise be several small copies, each a
+    host-device round trip on a GPU). Tensors already on ``device`` are returned as they are; on the CPU nothing is
+    packed (each ``.to`` is a no-op there; the tests' `SyncCounter` counts the calls in a row as the one copy).
+    """
+    device = torch.device(device)
+    if device.type == "cpu":
+        return tuple(t.to(device) for t in tensors)
+    if all(t.device == device for t in tensors):
+        return tensors
+    return unpack(pack(tensors).to(device), tensors)
+
+
+def pack(tensors: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """The host bytes of ``tensors``, widest dtype first (so every slice starts aligned for the dtype viewed on it)."""
+    order = sorted(range(len(tensors)), key=lambda i: -tensors[i].element_size())
+    return torch.cat([tensors[i].detach().cpu().contiguous().reshape(-1).view(torch.uint8) for i in order])
+
+
+def unpack(buffer: torch.Tensor, like: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """Views of a :func:`pack` buffer (wherever it now lives) with the dtypes and shapes of ``like``."""
+    order = sorted(range(len(like)), key=lambda i: -like[i].element_size())
+    out: list[torch.Tensor] = [None] * len(like)  # type: ignore[list-item]
+    offset = 0
+    for i in order:
+        size = like[i].numel() * like[i].element_size()
+        out[i] = buffer[offset : offset + size].view(like[i].dtype).view(like[i].shape)
+        offset += size
+    return tuple(out)
+
+
+def keep_rows(cache: DynamicCache, start: int, rows: torch.Tensor) -> None:
+    """Keeps the first ``start`` rows and the rows ``start + rows`` (ascending) of every layer of ``cache``, in place.
+
+    Only the kept tree rows are moved (written right after the prefix); the rest is cut with a view, as
+    ``DynamicCache.crop`` does, so a step costs O(accepted rows), not a copy of the whole cache. A chain whose
+    accepted rows already follow the prefix moves nothing, and a layer that holds exactly the kept rows is untouched.
+    """
+    rows = rows.cpu()
+    count = int(rows.numel())
+    in_place = bool(torch.equal(rows, torch.arange(count)))
+    sources: dict[torch.device, torch.Tensor] = {}  # the row index, moved once per device (not once per layer)
+    for layer in cache.layers:
+        if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
+            raise ValueError(
+                f"tree speculation needs a plain DynamicCache; got a {type(layer).__name__} layer "
+                "(sliding-window / static caches cannot drop rejected tree rows)."
+            )
+        if layer.keys is None or layer.keys.numel() == 0:
+            continue
+        if in_place and layer.keys.shape[-2] == start + count:
+            continue  # every row is kept where it is (a fully accepted chain): nothing to move or cut
+        if not in_place:
+            device = layer.keys.device
+            if device not in sources:
+                sources[device] = (start + rows).to(device)
+            source = sources[device]
+            layer.keys[..., start : start + count, :] = layer.keys.index_select(-2, source)
+            layer.values[..., start : start + count, :] = layer.values.index_select(-2, source)
+        layer.keys = layer.keys[..., : start + count, :]
+        layer.values = layer.values[..., : start + count, :]
+
+
+class TreeKV:
+    """Bookkeeping for one model's cache while a tree is drafted or verified.
+
+    Attributes:
+        cache: the DynamicCache.
+        committed: rows of committed tokens held in the cache (everything before the tree region).
+        pending: committed tokens not yet in the cache (fed, as a causal chain, before the next tree nodes).
+    """
+
+    def __init__(self, cache: DynamicCache, committed: int = 0):
+        self.cache = cache
+        self.committed = committed
+        self.pending = torch.zeros(0, dtype=torch.long)
+        self._row_uids = torch.zeros(0, dtype=torch.long)  # uid of each tree row, in cache order
+
+    @property
+    def root_position(self) -> int:
+        """Position id of the tree root (= number of committed tokens before it)."""
+        return self.committed + int(self.pending.numel())
+
+    @property
+    def holds_only_committed(self) -> bool:
+        """Whether the cache holds exactly the committed tokens (no tree rows, nothing pending): the next token can
+        then be fed with plain causal attention, as ``generate`` feeds it."""
+        return not self.pending.numel() and not self._row_uids.numel()
+
+    def append_committed(self, count: int) -> None:
+        """Records ``count`` committed tokens appended to the cache by a plain causal forward."""
+        if not self.holds_only_committed:
+            raise RuntimeError("a plain causal forward needs a cache of committed rows only (no tree rows / pending)")
+        self.committed += count
+
+    def _row_index(self, tree: DraftTree) -> torch.Tensor:
+        """Current tree index of every tree row's node, -1 where that node was pruned away."""
+        lookup = torch.full((tree.next_uid,), -1, dtype=torch.long)
+        lookup[tree.uids.cpu()] = torch.arange(tree.num_nodes)
+        return lookup[self._row_uids]
+
+    def inputs_for(
+        self, tree: DraftTree, nodes: torch.Tensor, dtype: torch.dtype, device: torch.device | None = None,
+        extra: tuple[torch.Tensor, ...] = (),
+    ) -> tuple[torch.Tensor, ...]:
+        """``input_ids``, ``position_ids`` ``[1, q]`` and the 4D float mask to feed pending tokens + ``nodes``, on
+        ``device`` (default: the host), followed by the host tensors ``extra`` moved along in the same single copy.
+        Built on the host (`host_inputs`); the float mask is made on the device from the copied bools."""
+        ids, positions, visible = self.host_inputs(tree, nodes)
+        ids, positions, visible, *extra = to_device(device or tree.device, ids[None], positions[None], visible, *extra)
+        return (ids, positions, float_mask(visible, dtype), *extra)
+
+    def host_inputs(self, tree: DraftTree, nodes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Host ``ids`` and ``positions`` ``[q]`` of the pending tokens + ``nodes``, and their bool visibility
+        ``[q, past + q]`` over the cache's rows (``past`` = committed + tree rows) followed by the new tokens."""
+        host = tree.device
+        nodes = nodes.cpu()
+        num_pending, num_rows, num_new = int(self.pending.numel()), int(self._row_uids.numel()), int(nodes.numel())
+        if num_pending and num_rows:
+            raise RuntimeError("pending tokens must be fed before any tree row")
+        anc = tree.ancestor_mask()[nodes]
+        # columns: committed rows | pending chain | earlier tree rows | new nodes
+        c0, c1 = self.committed, self.committed + num_pending
+        visible = torch.zeros(num_pending + num_new, c1 + num_rows + num_new, dtype=torch.bool, device=host)
+        visible[:, :c0] = True
+        visible[:num_pending, c0:c1] = torch.ones(num_pending, num_pending, dtype=torch.bool, device=host).tril()
+        visible[num_pending:, c0:c1] = True
+        if num_rows:
+            idx = self._row_index(tree)
+            present = idx >= 0
+            visible[num_pending:, c1 : c1 + num_rows] = anc[:, idx.clamp(min=0)] & present
+        visible[num_pending:, c1 + num_rows :] = anc[:, nodes]
+        root = self.root_position
+        positions = torch.cat([torch.arange(root - num_pending, root), root + tree.depth[nodes]])
+        return torch.cat([self.pending, tree.tokens[nodes]]), positions, visible
+
+    def key_positions(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
+        """Host position id of every key column of the forward ``inputs_for(tree, nodes)`` builds (committed rows,
+        pending chain, earlier tree rows, the new nodes): what a distance-dependent mask (a sliding window) needs. A
+        pruned tree row, which no query sees, gets the root's position."""
+        rows = self._row_index(tree).clamp(min=0) if self._row_uids.numel() else self._row_uids
+        before, root = self.committed + int(self.pending.numel()), self.root_position
+        depth = tree.depth.cpu()
+        return torch.cat([torch.arange(before), root + depth[rows], root + depth[nodes.cpu()]])
+
+    def fed(self, tree: DraftTree, nodes: torch.Tensor) -> None:
+        """Records that pending tokens and ``nodes`` were just appended to the cache."""
+        self.committed += int(self.pending.numel())
+        self.pending = self.pending[:0]
+        self._row_uids = torch.cat([self._row_uids, tree.uids[nodes.cpu()]])
+
+    def commit(self, tree: DraftTree, accepted: torch.Tensor) -> None:
+        """Keeps the cache rows of the accepted path (root first); its un-fed tail becomes pending."""
+        accepted = accepted.cpu()
+        uids = tree.uids[accepted]
+        row_of_uid = torch.full((tree.next_uid,), -1, dtype=torch.long)
+        row_of_uid[self._row_uids] = torch.arange(self._row_uids.numel())
+        rows = row_of_uid[uids]
+        num_cached = int((rows >= 0).sum())
+        if not bool((rows[:num_cached] >= 0).all()):
+            raise RuntimeError("fed nodes of an accepted path must form a prefix of it")
+        if self._row_uids.numel():
+            keep_rows(self.cache, self.committed, rows[:num_cached])
+        self.committed += num_cached
+        self.pending = torch.cat([self.pending, tree.tokens[accepted[num_cached:]]])
+        self._row_uids = self._row_uids[:0]
