@@ -1,0 +1,238 @@
+"""Every speedup and acceptance length (tau) the documents print comes from a committed run under docs/results/.
+
+A figure is a speedup (``1.46x``, a range ``1.94-1.96x``) or an acceptance length (``tau 2.35``, ``tau = 2.04``,
+``τ 1.9``, ``tau 3.98 / 3.94``, or a number in a table column headed "tau" or a row labelled "tau"). Its sources are the result paths its
+section cites (from its heading to the next one): a path or link ``docs/results/...`` anywhere in the section, or a
+declaration ``<!-- results: docs/results/a docs/results/b -->``. The figure must be one of the numbers in those files
+(``.json``, ``.md``, ``.txt``; not the per-question logs) at its printed precision: 1.46 accepts 1.4612, not 1.47.
+Every cited path must exist and name its machine, date, commit and command (a ``summary.json`` with ``settings``, or
+a README / commands file in or above it). What fails is named as ``document:line: figure``.
+
+Not speed results, so not checked (the rule is the text right after the multiplier, ``_NOT_A_SPEEDUP``): sizes and
+costs ("10x the data", "2x cheaper", "1.3x a one-token step"), and what a paper reports (table columns headed
+"paper", or a figure followed by "(paper" / preceded by "paper:"). Pure text: no models, runs in a second.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "results"
+DOCUMENTS = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md")),
+             *sorted((ROOT / "model_cards").glob("*.md")),
+             *sorted((ROOT / "hf_treespec" / "assets_data" / "drafters").glob("*/README.md"))]
+
+_NUMBER = r"\d+(?:\.\d+)?"
+SPEEDUP = re.compile(rf"(?<![\w.+])(?:({_NUMBER})\s*-\s*)?({_NUMBER})x(?![\w])")
+TAU = re.compile(rf"(?:\btau\b|τ)\s*(?:[=:≈~]\s*)?(?:\*\*)?~?({_NUMBER}(?:(?:\*\*)?\s*(?:/|->|→)\s*(?:\*\*)?{_NUMBER})*)",
+                 re.IGNORECASE)
+# The words after a multiplier that make it a size or a cost, not a speed result.
+_NOT_A_SPEEDUP = re.compile(
+    r"\s*(?:the\b|of\b|more\b|fewer\b|less\b|larger\b|smaller\b|longer\b|shorter\b|cheaper\b|dearer\b|"
+    r"(?:a|one|the)\s+(?:compiled\s+|eager\s+)?one-token|one-token|data\b|tokens\b|steps\b|rows\b|nodes\b|"
+    r"\(paper)", re.IGNORECASE)
+# "paper: 2.10x / 2.33x" or "Paper (Llama-3.1-8B, A100): tau 3.98": a paper's figures, up to the sentence's end or ";".
+_PAPER_BEFORE = re.compile(r"\bpaper(?:'s)?(?: \([^()]*\))?:(?:[^;.]|\.(?=\d))*$", re.IGNORECASE)
+DECLARATION = re.compile(r"<!--\s*results:\s*([^>]*?)\s*-->")
+CITED = re.compile(r"(?:docs/results/|\]\((?:\.\./)*(?:docs/)?results/)([\w.@=/+-]*[\w@=+-])")
+HEADING = re.compile(r"^#{1,6} ")
+FENCE = re.compile(r"^\s*```")
+
+
+@dataclass(frozen=True)
+class Figure:
+    document: str
+    line: int
+    kind: str  # "speedup" or "tau"
+    text: str  # as printed, e.g. "1.46"
+    sources: tuple[str, ...]  # paths relative to docs/results
+
+    def where(self) -> str:
+        return f"{self.document}:{self.line}: {self.kind} {self.text}"
+
+
+def _cells(line: str) -> list[str]:
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
+def _is_table_rule(line: str) -> bool:
+    return bool(re.fullmatch(r"\|?\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)*\|?\s*", line.strip()))
+
+
+def _sections(lines: list[str]) -> list[tuple[int, int]]:
+    """[start, end) line ranges from one heading to the next (headings inside code fences do not count)."""
+    starts, fenced = [0], False
+    for i, line in enumerate(lines):
+        if FENCE.match(line):
+            fenced = not fenced
+        elif not fenced and HEADING.match(line) and i:
+            starts.append(i)
+    return list(zip(starts, [*starts[1:], len(lines)]))
+
+
+def _sources(text: str) -> tuple[str, ...]:
+    found = [match.group(1) for match in CITED.finditer(text) if text[match.end():match.end() + 1] != "<"]
+    for declaration in DECLARATION.finditer(text):
+        found += [path.removeprefix("docs/results/").removeprefix("results/").rstrip("/")
+                  for path in declaration.group(1).split()]
+    return tuple(dict.fromkeys(path.rstrip("/.") for path in found))
+
+
+def _speedups(line: str) -> list[str]:
+    figures = []
+    for match in SPEEDUP.finditer(line):
+        if _NOT_A_SPEEDUP.match(line, match.end()) or _PAPER_BEFORE.search(line[:match.start()]):
+            continue
+        figures += [text for text in match.groups() if text]
+    return figures
+
+
+def _taus(line: str) -> list[str]:
+    figures = []
+    for match in TAU.finditer(line):
+        if _PAPER_BEFORE.search(line[:match.start()]):
+            continue
+        figures += re.findall(_NUMBER, match.group(1))
+    return figures
+
+
+def _figures_of_line(line: str, header: list[str] | None) -> list[tuple[str, str]]:
+    """(kind, text) of every figure a line prints; ``header`` is the header row of the table the line belongs to."""
+    if header is None:
+        return [("speedup", text) for text in _speedups(line)] + [("tau", text) for text in _taus(line)]
+    figures, cells = [], _cells(line)
+    tau_row = bool(re.search(r"\btau\b|τ", cells[0], re.IGNORECASE))
+    for column, (name, cell) in enumerate(zip(header, cells)):
+        if "paper" in name.lower():
+            continue
+        figures += [("speedup", text) for text in _speedups(cell)] + [("tau", text) for text in _taus(cell)]
+        tau_column = bool(re.search(r"\btau\b|τ", name, re.IGNORECASE))
+        if (tau_column or (tau_row and column)) and not _speedups(cell) and not _taus(cell):
+            figures += [("tau", text) for text in re.findall(rf"(?<![\w.+])(\d+\.\d+)(?![\w.%])", cell)]
+    return figures
+
+
+def figures(path: Path, text: str | None = None) -> list[Figure]:
+    """Every speedup and tau a document prints, with the result paths its section cites."""
+    lines = (path.read_text() if text is None else text).splitlines()
+    name = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else path.name
+    found = []
+    for start, end in _sections(lines):
+        sources = _sources("\n".join(lines[start:end]))
+        header = None
+        for i in range(start, end):
+            line = lines[i]
+            if line.lstrip().startswith("|"):
+                if header is None and i + 1 < end and _is_table_rule(lines[i + 1]):
+                    header = _cells(line)
+                    continue
+                if _is_table_rule(line):
+                    continue
+            else:
+                header = None
+            for kind, figure in _figures_of_line(line, header):
+                found.append(Figure(name, i + 1, kind, figure, sources))
+    return found
+
+
+def _paths(source: str) -> list[Path]:
+    """The committed paths a citation names: the path itself, or ``name.*`` for ``docs/results/a/name.{json,png}``."""
+    path = RESULTS / source
+    return [path] if path.exists() else sorted(path.parent.glob(f"{path.name}.*")) if path.parent.is_dir() else []
+
+
+@lru_cache(maxsize=None)
+def _numbers(source: str) -> tuple[float, ...]:
+    """Every number in the committed files of one result path (a folder: all its files below it)."""
+    files = [file for path in _paths(source) for file in (sorted(path.rglob("*")) if path.is_dir() else [path])]
+    values = []
+    for file in files:
+        if file.is_file() and file.suffix in {".json", ".md", ".txt"}:
+            values += [float(number) for number in re.findall(r"\d+(?:\.\d+)?(?:[eE]-?\d+)?", file.read_text())]
+    return tuple(values)
+
+
+def matches(figure: str, values: tuple[float, ...]) -> bool:
+    """True when one of ``values`` prints as ``figure`` at its precision (1.46 takes 1.4612; 2 takes 2.4)."""
+    decimals = len(figure.split(".")[1]) if "." in figure else 0
+    target, half = float(figure), 0.5 * 10 ** -decimals + 1e-9
+    return any(abs(value - target) <= half for value in values)
+
+
+def check(figure: Figure) -> str | None:
+    """Why a figure is not backed by a committed result, or None."""
+    if not figure.sources:
+        return (f"{figure.where()} has no source: cite its run in the section (a path docs/results/...) or declare "
+                f"one above it (<!-- results: docs/results/RUN -->), or remove the figure")
+    missing = [source for source in figure.sources if not _paths(source)]
+    if missing:
+        return f"{figure.where()}: its section cites {missing}, which do not exist under docs/results/"
+    if not any(matches(figure.text, _numbers(source)) for source in figure.sources):
+        return f"{figure.where()} is in none of its section's results {list(figure.sources)}: fix it or its source"
+    return None
+
+
+def provenance(source: str) -> str | None:
+    """Why a cited result path does not name its machine, date, commit and command, or None."""
+    path = _paths(source)[0]
+    folder = path if path.is_dir() else path.parent
+    for summary in [*([path] if path.name == "summary.json" else []), *sorted(folder.rglob("summary.json"))][:1]:
+        settings = json.loads(summary.read_text()).get("settings", {})
+        if all(settings.get(key) for key in ("hardware_summary", "date", "commit", "command")):
+            return None
+    texts = []
+    while folder != RESULTS.parent and folder.is_relative_to(RESULTS):
+        texts += [file.read_text() for name in ("README.md", "commands.sh") if (file := folder / name).is_file()]
+        folder = folder.parent
+    text = "\n".join(texts)
+    needs = {"machine": r"EPYC|Xeon|H100|GPU|CPU", "date": r"20\d\d-\d\d-\d\d", "commit": r"\b[0-9a-f]{7,40}\b",
+             "command": r"hf-treespec\b|python "}
+    lacking = [what for what, pattern in needs.items() if not re.search(pattern, text)]
+    return f"docs/results/{source} does not name its {', '.join(lacking)}" if lacking else None
+
+
+ALL = [figure for document in DOCUMENTS for figure in figures(document)]
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda path: str(path.relative_to(ROOT)))
+def test_every_figure_is_in_a_committed_result_its_section_cites(document):
+    failures = [reason for figure in figures(document) if (reason := check(figure))]
+    assert not failures, "\n".join(failures)
+
+
+def test_every_cited_result_names_machine_date_commit_and_command():
+    cited = sorted({source for figure in ALL for source in figure.sources if _paths(source)})
+    failures = [reason for source in cited if (reason := provenance(source))]
+    assert not failures, "\n".join(failures)
+
+
+def test_the_documents_print_figures():
+    """Guards the scanner: the headline's figures are found (a broken pattern would make every test above pass)."""
+    readme = [figure for figure in ALL if figure.document == "README.md"]
+    assert {("speedup", "2.46"), ("tau", "2.04")} <= {(figure.kind, figure.text) for figure in readme}
+
+
+def test_a_wrong_or_unsourced_figure_is_named(tmp_path):
+    document = tmp_path / "doc.md"
+    text = ("# Speed\n\nThe tree ran at 2.46x (tau 2.04), `docs/results/5-greedy-compiled`.\n\n"
+            "## Other\n\n| method | tau |\n|---|---:|\n| tree | 9.99 |\n\nTen times the data (10x the data), 16x16.\n")
+    found = figures(document, text)
+    assert [(f.line, f.kind, f.text) for f in found] == [(3, "speedup", "2.46"), (3, "tau", "2.04"), (9, "tau", "9.99")]
+    assert check(found[0]) is None and check(found[1]) is None
+    assert "doc.md:9: tau 9.99 has no source" in check(found[2])
+    wrong = figures(document, text.replace("2.46x", "2.47x"))[0]
+    assert check(wrong) == ("doc.md:3: speedup 2.47 is in none of its section's results ['5-greedy-compiled']: "
+                            "fix it or its source")
+
+
+def test_printed_precision():
+    assert matches("1.46", (1.4612,)) and not matches("1.46", (1.4651,)) and matches("2", (2.4,))
+    assert _speedups("1.94-1.96x, 2x cheaper, 1.3x a one-token step, 10x the data, paper: 2.10x / 2.33x") == [
+        "1.94", "1.96"]
