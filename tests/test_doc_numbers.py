@@ -1,7 +1,7 @@
 """Every speedup and acceptance length (tau) the documents print comes from a committed run under docs/results/.
 
-A figure is a speedup (``1.46x``, a range ``1.94-1.96x``) or an acceptance length (``tau 2.35``, ``tau = 2.04``,
-``τ 1.9``, ``tau 3.98 / 3.94``, or a number in a table column headed "tau" or a row labelled "tau"). Its sources are the result paths its
+A figure is a speedup (``1.46x``, a range ``1.94-1.96x``, ``54% faster``) or an acceptance length (``tau 2.35``, ``tau = 2.04``,
+``τ 1.9``, ``tau 3.98 / 3.94``, ``tau from 1.41 to 1.49``, or a number in a table column headed "tau" or a row labelled "tau"). Its sources are the result paths its
 section cites (from its heading to the next one): a path or link ``docs/results/...`` anywhere in the section, or a
 declaration ``<!-- results: docs/results/a docs/results/b -->``. The figure must be one of the numbers in those files
 (``.json``, ``.md``, ``.txt``; not the per-question logs) at its printed precision: 1.46 accepts 1.4612, not 1.47.
@@ -31,8 +31,9 @@ DOCUMENTS = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs")
 
 _NUMBER = r"\d+(?:\.\d+)?"
 SPEEDUP = re.compile(rf"(?<![\w.+])(?:({_NUMBER})\s*-\s*)?({_NUMBER})x(?![\w])")
-TAU = re.compile(rf"(?:\btau\b|τ)\s*(?:[=:≈~]\s*)?(?:\*\*)?~?({_NUMBER}(?:(?:\*\*)?\s*(?:/|->|→)\s*(?:\*\*)?{_NUMBER})*)",
-                 re.IGNORECASE)
+SPEED_PERCENT = re.compile(rf"(?<![\w.+])({_NUMBER})% (?:faster|slower)\b")
+TAU = re.compile(rf"(?:\btau\b|τ)\s*(?:[=:≈~]\s*|(?:of|from|rose to|fell to)\s+)?(?:\*\*)?~?"
+                 rf"({_NUMBER}(?:(?:\*\*)?\s*(?:/|->|→|vs\.?|to|against)\s*(?:\*\*)?{_NUMBER}(?![\w%]))*)", re.IGNORECASE)
 # The words after a multiplier that make it a size or a cost, not a speed result.
 _NOT_A_SPEEDUP = re.compile(
     r"\s*(?:the\b|of\b|more\b|fewer\b|less\b|larger\b|smaller\b|longer\b|shorter\b|cheaper\b|dearer\b|"
@@ -40,6 +41,8 @@ _NOT_A_SPEEDUP = re.compile(
     r"\(paper)", re.IGNORECASE)
 # "paper: 2.10x / 2.33x" or "Paper (Llama-3.1-8B, A100): tau 3.98": a paper's figures, up to the sentence's end or ";".
 _PAPER_BEFORE = re.compile(r"\bpaper(?:'s)?(?: \([^()]*\))?:(?:[^;.]|\.(?=\d))*$", re.IGNORECASE)
+_UNIT = r"\s*(?:ms|s\b|%|M\b|k\b|GB|MB|KB|tokens?|nodes?|rows?|steps?|epochs?|x|points?|h\b|min|questions|q\b)"
+_DECIMAL = re.compile(rf"(?<![\w.+\-])(\d+\.\d+)(?![\w.%])(?!{_UNIT})")
 DECLARATION = re.compile(r"<!--\s*results:\s*([^>]*?)\s*-->")
 CITED = re.compile(r"(?:docs/results/|\]\((?:\.\./)*(?:docs/)?results/)([\w.@=/+-]*[\w@=+-])")
 HEADING = re.compile(r"^#{1,6} ")
@@ -85,28 +88,35 @@ def _sources(text: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(path.rstrip("/.") for path in found))
 
 
-def _speedups(line: str) -> list[str]:
-    figures = []
+def _speedups(line: str, following: str = "") -> list[str]:
+    """The speedups of a line; ``following`` is the next line of its paragraph (the words after a multiplier may wrap)."""
+    figures, text = [], f"{line} {following}"
     for match in SPEEDUP.finditer(line):
-        if _NOT_A_SPEEDUP.match(line, match.end()) or _PAPER_BEFORE.search(line[:match.start()]):
+        if _NOT_A_SPEEDUP.match(text, match.end()) or _PAPER_BEFORE.search(line[:match.start()]):
             continue
         figures += [text for text in match.groups() if text]
-    return figures
+    return figures + [match.group(1) for match in SPEED_PERCENT.finditer(line)]
 
 
 def _taus(line: str) -> list[str]:
-    figures = []
+    """``tau 2.35`` and its chains, and every other decimal after "tau" up to the end of its sentence ("tau on 10
+    answers (1.35 vs 1.38)") unless a unit follows it (ms, %, tokens, nodes...)."""
+    found = {}
     for match in TAU.finditer(line):
-        if _PAPER_BEFORE.search(line[:match.start()]):
-            continue
-        figures += re.findall(_NUMBER, match.group(1))
-    return figures
+        if not _PAPER_BEFORE.search(line[:match.start()]):
+            found.update((match.start(1) + number.start(), number.group())
+                         for number in re.finditer(_NUMBER, match.group(1)))
+    for word in re.finditer(r"\btau\b|τ", line, re.IGNORECASE):
+        sentence = re.split(r"(?<=[.;])\s", line[word.end():])[0]
+        if not _PAPER_BEFORE.search(line[:word.start()]):
+            found.update((word.end() + number.start(1), number.group(1)) for number in _DECIMAL.finditer(sentence))
+    return [text for _, text in sorted(found.items())]
 
 
-def _figures_of_line(line: str, header: list[str] | None) -> list[tuple[str, str]]:
+def _figures_of_line(line: str, header: list[str] | None, following: str = "") -> list[tuple[str, str]]:
     """(kind, text) of every figure a line prints; ``header`` is the header row of the table the line belongs to."""
     if header is None:
-        return [("speedup", text) for text in _speedups(line)] + [("tau", text) for text in _taus(line)]
+        return [("speedup", text) for text in _speedups(line, following)] + [("tau", text) for text in _taus(line)]
     figures, cells = [], _cells(line)
     tau_row = bool(re.search(r"\btau\b|τ", cells[0], re.IGNORECASE))
     for column, (name, cell) in enumerate(zip(header, cells)):
@@ -137,7 +147,8 @@ def figures(path: Path, text: str | None = None) -> list[Figure]:
                     continue
             else:
                 header = None
-            for kind, figure in _figures_of_line(line, header):
+            following = lines[i + 1] if i + 1 < end and header is None else ""
+            for kind, figure in _figures_of_line(line, header, following):
                 found.append(Figure(name, i + 1, kind, figure, sources))
     return found
 
