@@ -1,16 +1,20 @@
 """Every speedup and acceptance length (tau) the documents print comes from a committed run under docs/results/.
 
-A figure is a speedup (``1.46x``, a range ``1.94-1.96x``, ``54% faster``) or an acceptance length (``tau 2.35``, ``tau = 2.04``,
-``τ 1.9``, ``tau 3.98 / 3.94``, ``tau from 1.41 to 1.49``, or a number in a table column headed "tau" or a row labelled "tau"). Its sources are the result paths its
-section cites (from its heading to the next one): a path or link ``docs/results/...`` anywhere in the section, or a
-declaration ``<!-- results: docs/results/a docs/results/b -->``. The figure must be one of the numbers in those files
-(``.json``, ``.md``, ``.txt``; not the per-question logs) at its printed precision: 1.46 accepts 1.4612, not 1.47.
-Every cited path must exist and name its machine, date, commit and command (a ``summary.json`` with ``settings``, or
-a README / commands file in or above it). What fails is named as ``document:line: figure``.
+Figures: speedups (``1.46x``, a range ``1.94-1.96x``, ``54% faster``) and taus (``tau 2.35``, ``tau = 2.04``,
+``τ 1.9``, ``tau 3.98 / 3.94``, ``tau from 1.41 to 1.49``, any other decimal later in a sentence that names tau unless
+a unit follows it, and numbers of two or more decimals in a table column headed "tau" or a row labelled "tau").
 
-Not speed results, so not checked (the rule is the text right after the multiplier, ``_NOT_A_SPEEDUP``): sizes and
-costs ("10x the data", "2x cheaper", "1.3x a one-token step"), and what a paper reports (table columns headed
-"paper", or a figure followed by "(paper" / preceded by "paper:"). Pure text: no models, runs in a second.
+Sources: the result paths a figure's section (heading to next heading) cites, as a path or link ``docs/results/...``
+or a declaration ``<!-- results: docs/results/a docs/results/b -->``. The figure must be a number of its kind in
+those files at its printed precision (1.46 accepts 1.4612, not 1.47): in ``.json`` a value under a key naming the
+kind ("speedup*"; "tau*" / "*accept*"), in ``.md`` what this module reads as that kind, in ``.txt`` logs any number;
+per-question ``.jsonl`` logs are not read. Every cited path must exist and name its machine, date, commit and command
+(a ``summary.json`` with ``settings``, or a README / commands file in or above it). A failure names
+``document:line: figure``.
+
+Not speed results, so not checked: a multiplier followed by a size or cost (``_NOT_A_SPEEDUP``: "10x the data",
+"2x cheaper", "1.3x a one-token step", "4x more"), and what a paper reports (table columns headed "paper"; figures
+after "paper:" / "Paper (model, GPU):" up to the sentence's end). Pure text: no models, runs in seconds.
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ _NUMBER = r"\d+(?:\.\d+)?"
 SPEEDUP = re.compile(rf"(?<![\w.+])(?:({_NUMBER})\s*-\s*)?({_NUMBER})x(?![\w])")
 SPEED_PERCENT = re.compile(rf"(?<![\w.+])({_NUMBER})% (?:faster|slower)\b")
 TAU = re.compile(rf"(?:\btau\b|τ)\s*(?:[=:≈~]\s*|(?:of|from|rose to|fell to)\s+)?(?:\*\*)?~?"
-                 rf"({_NUMBER}(?:(?:\*\*)?\s*(?:/|->|→|vs\.?|to|against)\s*(?:\*\*)?{_NUMBER}(?![\w%]))*)", re.IGNORECASE)
+                 rf"({_NUMBER}(?:(?:\*\*)?\s*(?:/|->|→|vs\.?|to|against)\s*(?:\*\*)?{_NUMBER}(?![\w%]))*)",
+                 re.IGNORECASE)
 # The words after a multiplier that make it a size or a cost, not a speed result.
 _NOT_A_SPEEDUP = re.compile(
     r"\s*(?:the\b|of\b|more\b|fewer\b|less\b|larger\b|smaller\b|longer\b|shorter\b|cheaper\b|dearer\b|"
@@ -89,7 +94,7 @@ def _sources(text: str) -> tuple[str, ...]:
 
 
 def _speedups(line: str, following: str = "") -> list[str]:
-    """The speedups of a line; ``following`` is the next line of its paragraph (the words after a multiplier may wrap)."""
+    """The speedups of a line; ``following``: the next line of its paragraph (the words after a multiplier may wrap)."""
     figures, text = [], f"{line} {following}"
     for match in SPEEDUP.finditer(line):
         if _NOT_A_SPEEDUP.match(text, match.end()) or _PAPER_BEFORE.search(line[:match.start()]):
@@ -125,7 +130,7 @@ def _figures_of_line(line: str, header: list[str] | None, following: str = "") -
         figures += [("speedup", text) for text in _speedups(cell)] + [("tau", text) for text in _taus(cell)]
         tau_column = bool(re.search(r"\btau\b|τ", name, re.IGNORECASE))
         if (tau_column or (tau_row and column)) and not _speedups(cell) and not _taus(cell):
-            figures += [("tau", text) for text in re.findall(rf"(?<![\w.+])(\d+\.\d+)(?![\w.%])", cell)]
+            figures += [("tau", text) for text in re.findall(r"(?<![\w.+])(\d+\.\d\d+)(?![\w.%])", cell)]
     return figures
 
 
@@ -159,13 +164,31 @@ def _paths(source: str) -> list[Path]:
     return [path] if path.exists() else sorted(path.parent.glob(f"{path.name}.*")) if path.parent.is_dir() else []
 
 
+def _json_values(node, kind: str, key: str = "") -> list[float]:
+    """The numbers of a JSON tree stored under a key that names the kind ("speedup*"; "tau*" or "*accept*")."""
+    if isinstance(node, dict):
+        return [value for name, child in node.items() for value in _json_values(child, kind, str(name))]
+    if isinstance(node, list):
+        return [value for child in node for value in _json_values(child, kind, key)]
+    wanted = "speedup" in key.lower() if kind == "speedup" else bool(re.search(r"tau|accept", key, re.IGNORECASE))
+    return [float(node)] if wanted and isinstance(node, (int, float)) and not isinstance(node, bool) else []
+
+
 @lru_cache(maxsize=None)
-def _numbers(source: str) -> tuple[float, ...]:
-    """Every number in the committed files of one result path (a folder: all its files below it)."""
+def _numbers(source: str, kind: str) -> tuple[float, ...]:
+    """The figures of one kind in the committed files of one result path (a folder: every file below it): in JSON the
+    values under a key naming the kind, in Markdown what this module reads as that kind, in text logs every number."""
     files = [file for path in _paths(source) for file in (sorted(path.rglob("*")) if path.is_dir() else [path])]
     values = []
     for file in files:
-        if file.is_file() and file.suffix in {".json", ".md", ".txt"}:
+        if not file.is_file():
+            continue
+        if file.suffix == ".json":
+            values += _json_values(json.loads(file.read_text()), kind)
+        elif file.suffix == ".md":
+            values += [float(text) for found, text in
+                       ((figure.kind, figure.text) for figure in figures(file)) if found == kind]
+        elif file.suffix == ".txt":
             values += [float(number) for number in re.findall(r"\d+(?:\.\d+)?(?:[eE]-?\d+)?", file.read_text())]
     return tuple(values)
 
@@ -185,7 +208,7 @@ def check(figure: Figure) -> str | None:
     missing = [source for source in figure.sources if not _paths(source)]
     if missing:
         return f"{figure.where()}: its section cites {missing}, which do not exist under docs/results/"
-    if not any(matches(figure.text, _numbers(source)) for source in figure.sources):
+    if not any(matches(figure.text, _numbers(source, figure.kind)) for source in figure.sources):
         return f"{figure.where()} is in none of its section's results {list(figure.sources)}: fix it or its source"
     return None
 
@@ -241,6 +264,10 @@ def test_a_wrong_or_unsourced_figure_is_named(tmp_path):
     wrong = figures(document, text.replace("2.46x", "2.47x"))[0]
     assert check(wrong) == ("doc.md:3: speedup 2.47 is in none of its section's results ['5-greedy-compiled']: "
                             "fix it or its source")
+    swapped = figures(document, text.replace("2.46x (tau 2.04)", "2.04x (tau 2.46)"))
+    assert check(swapped[0]) and check(swapped[1]), "a tau of the run is not a speedup, nor the reverse"
+    unsourced = figures(document, text.replace("`docs/results/5-greedy-compiled`", ""))[0]
+    assert check(unsourced).startswith("doc.md:3: speedup 2.46 has no source")
 
 
 def test_printed_precision():
