@@ -13,7 +13,7 @@ per-question ``.jsonl`` logs are not read. Every cited path must exist and name 
 ``document:line: figure``.
 
 Not speed results, so not checked: a multiplier followed by a size or cost (``_NOT_A_SPEEDUP``: "10x the data",
-"2x cheaper", "1.3x a one-token step", "4x more"), and what a paper reports (table columns headed "paper"; figures
+"2x cheaper", "1.3x a one-token step", "4x more"; but "0.5x of plain" is a speedup), and what a paper reports (table columns headed "paper"; figures
 after "paper:" / "Paper (model, GPU):" up to the sentence's end). Pure text: no models, runs in seconds.
 """
 
@@ -41,9 +41,9 @@ TAU = re.compile(rf"(?:\btau\b|τ)\s*(?:[=:≈~]\s*|(?:of|from|rose to|fell to)\
                  re.IGNORECASE)
 # The words after a multiplier that make it a size or a cost, not a speed result.
 _NOT_A_SPEEDUP = re.compile(
-    r"\s*(?:the\b|of\b|more\b|fewer\b|less\b|larger\b|smaller\b|longer\b|shorter\b|cheaper\b|dearer\b|"
-    r"(?:a|one|the)\s+(?:compiled\s+|eager\s+)?one-token|one-token|data\b|tokens\b|steps\b|rows\b|nodes\b|"
-    r"\(paper)", re.IGNORECASE)
+    r"\s*(?:(?:of|the|these|this|today's)\b(?!\s+(?:plain|`?generate|compiled|baseline|speed))|more|fewer|less|"
+    r"larger|smaller|longer|shorter|cheaper|dearer|data|tokens?|steps?|rows?|nodes?|training|compute|"
+    r"(?:(?:a|one)\s+)?(?:compiled\s+|eager\s+)?one-token|\(paper)\b", re.IGNORECASE)
 # "paper: 2.10x / 2.33x" or "Paper (Llama-3.1-8B, A100): tau 3.98": a paper's figures, up to the sentence's end or ";".
 _PAPER_BEFORE = re.compile(r"\bpaper(?:'s)?(?: \([^()]*\))?:(?:[^;.]|\.(?=\d))*$", re.IGNORECASE)
 _UNIT = r"\s*(?:ms|s\b|%|M\b|k\b|GB|MB|KB|tokens?|nodes?|rows?|steps?|epochs?|x|points?|h\b|min|questions|q\b)"
@@ -274,3 +274,4 @@ def test_printed_precision():
     assert matches("1.46", (1.4612,)) and not matches("1.46", (1.4651,)) and matches("2", (2.4,))
     assert _speedups("1.94-1.96x, 2x cheaper, 1.3x a one-token step, 10x the data, paper: 2.10x / 2.33x") == [
         "1.94", "1.96"]
+    assert _speedups("~0.5x of plain, 0.9x the compiled plain, 54% faster, 16x16") == ["0.5", "0.9", "54"]
