@@ -95,11 +95,11 @@ def _sources(text: str) -> tuple[str, ...]:
 
 def _speedups(line: str, following: str = "") -> list[str]:
     """The speedups of a line; ``following``: the next line of its paragraph (the words after a multiplier may wrap)."""
-    figures, text = [], f"{line} {following}"
+    figures, paragraph = [], f"{line} {following}"
     for match in SPEEDUP.finditer(line):
-        if _NOT_A_SPEEDUP.match(text, match.end()) or _PAPER_BEFORE.search(line[:match.start()]):
+        if _NOT_A_SPEEDUP.match(paragraph, match.end()) or _PAPER_BEFORE.search(line[:match.start()]):
             continue
-        figures += [text for text in match.groups() if text]
+        figures += [number for number in match.groups() if number]
     return figures + [match.group(1) for match in SPEED_PERCENT.finditer(line)]
 
 
@@ -127,10 +127,10 @@ def _figures_of_line(line: str, header: list[str] | None, following: str = "") -
     for column, (name, cell) in enumerate(zip(header, cells)):
         if "paper" in name.lower():
             continue
-        figures += [("speedup", text) for text in _speedups(cell)] + [("tau", text) for text in _taus(cell)]
-        tau_column = bool(re.search(r"\btau\b|τ", name, re.IGNORECASE))
-        if (tau_column or (tau_row and column)) and not _speedups(cell) and not _taus(cell):
-            figures += [("tau", text) for text in re.findall(r"(?<![\w.+])(\d+\.\d\d+)(?![\w.%])", cell)]
+        found = [("speedup", text) for text in _speedups(cell)] + [("tau", text) for text in _taus(cell)]
+        if re.search(r"\btau\b|τ", name, re.IGNORECASE) or (tau_row and column):
+            found += [("tau", text) for text in re.findall(r"(?<![\w.+])(\d+\.\d\d+)(?![\w.%])", cell)]
+        figures += dict.fromkeys(found)  # a tau the cell also prints as "tau 2.04" counts once
     return figures
 
 
