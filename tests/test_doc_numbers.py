@@ -2,19 +2,22 @@
 
 Figures: speedups (``1.46x``, a range ``1.94-1.96x``, ``54% faster``) and taus (``tau 2.35``, ``tau = 2.04``,
 ``τ 1.9``, ``tau 3.98 / 3.94``, ``tau from 1.41 to 1.49``, any other decimal later in a sentence that names tau unless
-a unit follows it, and numbers of two or more decimals in a table column headed "tau" or a row labelled "tau").
+a unit follows it; in tables, numbers of two or more decimals in a column headed "tau", a row labelled "tau", or any
+column of a table whose caption names tau while its header does not).
 
 Sources: the result paths a figure's section (heading to next heading) cites, as a path or link ``docs/results/...``
 or a declaration ``<!-- results: docs/results/a docs/results/b -->``. The figure must be a number of its kind in
 those files at its printed precision (1.46 accepts 1.4612, not 1.47): in ``.json`` a value under a key naming the
-kind ("speedup*"; "tau*" / "*accept*"), in ``.md`` what this module reads as that kind, in ``.txt`` logs any number;
-per-question ``.jsonl`` logs are not read. Every cited path must exist and name its machine, date, commit and command
-(a ``summary.json`` with ``settings``, or a README / commands file in or above it). A failure names
-``document:line: figure``.
+kind ("speedup*"; "tau*" / "*accept*"), in ``.md`` what this module reads as that kind, in ``.txt`` logs "1.05x" for
+a speedup and the numbers of a line that names tau or a paired "+-" for a tau; per-question ``.jsonl`` logs are not
+read. Every cited path must exist and name its machine, date, commit and command (a ``summary.json`` with
+``settings``, or a README / commands file in or above it). A failure names ``document:line: figure``.
 
 Not speed results, so not checked: a multiplier followed by a size or cost (``_NOT_A_SPEEDUP``: "10x the data",
-"2x cheaper", "1.3x a one-token step", "4x more"; but "0.5x of plain" is a speedup), and what a paper reports (table columns headed "paper"; figures
-after "paper:" / "Paper (model, GPU):" up to the sentence's end). Pure text: no models, runs in seconds.
+"2x cheaper", "1.3x a one-token step", "4x more"; but "0.5x of plain" is a speedup), and what a paper reports (table
+columns headed "paper"; figures after "paper:" / "Paper (model, GPU):" up to the sentence's end). Pure text: no
+models, runs in seconds. It reads figures by how they are written: a bare number whose meaning only its context
+gives ("the rule holds (2.36)") is not found, so write "tau 2.36" or put it in a tau column.
 """
 
 from __future__ import annotations
@@ -118,8 +121,10 @@ def _taus(line: str) -> list[str]:
     return [text for _, text in sorted(found.items())]
 
 
-def _figures_of_line(line: str, header: list[str] | None, following: str = "") -> list[tuple[str, str]]:
-    """(kind, text) of every figure a line prints; ``header`` is the header row of the table the line belongs to."""
+def _figures_of_line(line: str, header: list[str] | None, following: str = "",
+                     tau_table: bool = False) -> list[tuple[str, str]]:
+    """(kind, text) of every figure a line prints; ``header`` is the header row of the table the line belongs to,
+    ``tau_table``: the paragraph above it names tau and no header cell does (then every non-label column may)."""
     if header is None:
         return [("speedup", text) for text in _speedups(line, following)] + [("tau", text) for text in _taus(line)]
     figures, cells = [], _cells(line)
@@ -128,10 +133,21 @@ def _figures_of_line(line: str, header: list[str] | None, following: str = "") -
         if "paper" in name.lower():
             continue
         found = [("speedup", text) for text in _speedups(cell)] + [("tau", text) for text in _taus(cell)]
-        if re.search(r"\btau\b|τ", name, re.IGNORECASE) or (tau_row and column):
+        if re.search(r"\btau\b|τ", name, re.IGNORECASE) or ((tau_row or tau_table) and column):
             found += [("tau", text) for text in re.findall(r"(?<![\w.+])(\d+\.\d\d+)(?![\w.%])", cell)]
         figures += dict.fromkeys(found)  # a tau the cell also prints as "tau 2.04" counts once
     return figures
+
+
+def _lead_in(lines: list[str], table_start: int) -> str:
+    """The paragraph right above a table (its caption, in this project's documents)."""
+    end = table_start
+    while end > 0 and not lines[end - 1].strip():
+        end -= 1
+    start = end
+    while start > 0 and lines[start - 1].strip() and not lines[start - 1].startswith(("#", "|", "```")):
+        start -= 1
+    return " ".join(lines[start:end])
 
 
 def figures(path: Path, text: str | None = None) -> list[Figure]:
@@ -141,19 +157,21 @@ def figures(path: Path, text: str | None = None) -> list[Figure]:
     found = []
     for start, end in _sections(lines):
         sources = _sources("\n".join(lines[start:end]))
-        header = None
+        header, tau_table = None, False
         for i in range(start, end):
             line = lines[i]
             if line.lstrip().startswith("|"):
                 if header is None and i + 1 < end and _is_table_rule(lines[i + 1]):
                     header = _cells(line)
+                    tau_table = not any(re.search(r"\btau\b|τ", cell, re.I) for cell in header) and bool(
+                        re.search(r"\btau\b|τ", _lead_in(lines, i), re.I))
                     continue
                 if _is_table_rule(line):
                     continue
             else:
                 header = None
             following = lines[i + 1] if i + 1 < end and header is None else ""
-            for kind, figure in _figures_of_line(line, header, following):
+            for kind, figure in _figures_of_line(line, header, following, tau_table):
                 found.append(Figure(name, i + 1, kind, figure, sources))
     return found
 
@@ -188,8 +206,12 @@ def _numbers(source: str, kind: str) -> tuple[float, ...]:
         elif file.suffix == ".md":
             values += [float(text) for found, text in
                        ((figure.kind, figure.text) for figure in figures(file)) if found == kind]
-        elif file.suffix == ".txt":
-            values += [float(number) for number in re.findall(r"\d+(?:\.\d+)?(?:[eE]-?\d+)?", file.read_text())]
+        elif file.suffix == ".txt":  # logs: a speedup prints "1.05x"; a tau line names tau or a paired "+-"
+            for line in file.read_text().splitlines():
+                if kind == "speedup":
+                    values += [float(number) for number in re.findall(rf"({_NUMBER})x\b", line)]
+                elif re.search(r"\btau\b|\+-", line):
+                    values += [float(number) for number in re.findall(_NUMBER, line)]
     return tuple(values)
 
 
@@ -275,3 +297,10 @@ def test_printed_precision():
     assert _speedups("1.94-1.96x, 2x cheaper, 1.3x a one-token step, 10x the data, paper: 2.10x / 2.33x") == [
         "1.94", "1.96"]
     assert _speedups("~0.5x of plain, 0.9x the compiled plain, 54% faster, 16x16") == ["0.5", "0.9", "54"]
+
+
+def test_tables_read_taus_by_header_row_or_caption(tmp_path):
+    text = ("# Runs\n\nAcceptance (tau) per drafter:\n\n| drafter | greedy | T=1 | nodes |\n|---|---:|---:|---:|\n"
+            "| shipped | 2.36 | 1.74 | 14.9 |\n\n| policy | chain | salf |\n|---|---|---|\n| tau | 1.44 | 2.05 |\n")
+    assert [(f.line, f.kind, f.text) for f in figures(tmp_path / "doc.md", text)] == [
+        (7, "tau", "2.36"), (7, "tau", "1.74"), (11, "tau", "1.44"), (11, "tau", "2.05")]
