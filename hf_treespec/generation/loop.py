@@ -18,8 +18,6 @@ Timing is observed, not threaded through: the loop notifies a `LoopTimer` at the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
@@ -39,54 +37,17 @@ from .draft_source import WarpedDraftSource
 from .drafting import DraftRound, draft_trees
 from .processors import process_tree_logits, processors_for_rows
 from .rows import (
-    RowState, attention_mask_of, check_batch_inputs, fork_drafter, pad_token, padded_sequences, stack_steps,
+    RowState, RowVerdict, Verification, append_chunk, attention_mask_of, check_batch_inputs, fork_drafter, pad_token,
+    padded_sequences, stack_steps,
 )
-from .stopping import tokens_before_stop
 from .target import TargetForward, compiled_for_generation
 from .timer import LoopTimer
 
 
-@dataclass
-class RowVerdict:
-    """One row's verified step (verify -> commit -> emit).
-
-    Attributes:
-        accepted: host node indices of the accepted path, root first.
-        tokens: host tokens the step commits (the accepted drafts, then the target's next token).
-        raw / processed: ``[len(tokens), V]`` raw and processed target logits along the path.
-        path / device_tokens: ``accepted`` and ``tokens`` on the device (one copy); None for a root-only row.
-        stopped: for a plain row, whose token was appended and checked with its group: whether it stopped.
-    """
-
-    accepted: torch.Tensor
-    tokens: torch.Tensor
-    raw: torch.Tensor
-    processed: torch.Tensor
-    path: torch.Tensor | None = None
-    device_tokens: torch.Tensor | None = None
-    stopped: bool | None = None
-
-
-@dataclass
-class Verification:
-    """The verify phase's hand-off: a verdict per active row, the forward's captured target layers, its tree width."""
-
-    verdicts: list[RowVerdict]
-    states: object
-    width: int
-
-
 @returns_outside_inference_mode
-def tree_speculative_decoding(
-    model,
-    input_ids: torch.LongTensor,
-    logits_processor: LogitsProcessorList,
-    stopping_criteria: StoppingCriteriaList,
-    generation_config: GenerationConfig,
-    streamer=None,
-    assistant_model=None,
-    **model_kwargs,
-):
+def tree_speculative_decoding(model, input_ids: torch.LongTensor, logits_processor: LogitsProcessorList,
+                              stopping_criteria: StoppingCriteriaList, generation_config: GenerationConfig,
+                              streamer=None, assistant_model=None, **model_kwargs):
     """The tree-speculative decoding loop (``generate``'s decoding-method inputs and outputs; entry: ``tree_generate``)."""
     check_decoder_only(model)
     check_text_only(model_kwargs)
@@ -295,21 +256,7 @@ class TreeDecodingLoop:
 
     def append(self, row: RowState, tokens: torch.Tensor, processed: torch.Tensor, raw: torch.Tensor
                ) -> tuple[bool, int]:
-        """Appends a chunk of device ``tokens`` to ``row``, honouring every stopping criterion inside it as if its
-        tokens came one by one (each sees every prefix, as in plain generate); one host read of all the verdicts.
-        Returns (stopped, tokens kept)."""
-        start = row.ids.shape[1]
-        extended = torch.cat([row.ids, tokens.view(1, -1)], dim=1)
-        step_scores = [processed[i : i + 1] for i in range(tokens.numel())] if self.want_scores else None
-        stopped, count = tokens_before_stop(
-            self.stopping_criteria, extended, start, tuple(row.scores + step_scores) if self.want_scores else None
-        )
-        row.ids = extended[:, : start + count]
-        if self.want_scores:
-            row.scores += step_scores[:count]
-        if self.want_logits:
-            row.logits += [raw[i : i + 1] for i in range(count)]
-        return stopped, count
+        return append_chunk(row, tokens, processed, raw, self.stopping_criteria, self.want_scores, self.want_logits)
 
     def stream(self, row: RowState, count: int) -> None:
         """The row's last ``count`` tokens to the streamer (a batch of one only: `check_batch_inputs`)."""

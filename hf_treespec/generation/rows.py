@@ -1,4 +1,5 @@
-"""The rows of a decoding batch: per-row state, the batch's input checks, and the output assembled from the rows.
+"""The rows of a decoding batch: per-row state, the verify phase's hand-offs, the batch's input checks, a chunk
+appended under the stopping criteria, and the output assembled from the rows.
 
 A single prompt is a batch of one; rows commit different numbers of tokens every step, so each keeps its own ids,
 drafter and outputs (`RowState`), and the output is laid out as plain batched ``generate`` lays it out (finished rows
@@ -11,10 +12,11 @@ import copy
 from dataclasses import dataclass, field
 
 import torch
-from transformers import GenerationConfig, LogitsProcessorList
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
 from ..drafters.base import Drafter, as_drafter
 from ..step_context import StepContext
+from .stopping import tokens_before_stop
 
 
 @dataclass
@@ -36,6 +38,55 @@ class RowState:
     def context_length(self) -> int:
         """Committed tokens (padding not counted), the step's root included."""
         return int(self.ids.shape[1]) - self.pads
+
+
+@dataclass
+class RowVerdict:
+    """One row's verified step (verify -> commit -> emit).
+
+    Attributes:
+        accepted: host node indices of the accepted path, root first.
+        tokens: host tokens the step commits (the accepted drafts, then the target's next token).
+        raw / processed: ``[len(tokens), V]`` raw and processed target logits along the path.
+        path / device_tokens: ``accepted`` and ``tokens`` on the device (one copy); None for a root-only row.
+        stopped: for a plain row, whose token was appended and checked with its group: whether it stopped.
+    """
+
+    accepted: torch.Tensor
+    tokens: torch.Tensor
+    raw: torch.Tensor
+    processed: torch.Tensor
+    path: torch.Tensor | None = None
+    device_tokens: torch.Tensor | None = None
+    stopped: bool | None = None
+
+
+@dataclass
+class Verification:
+    """The verify phase's hand-off: a verdict per active row, the forward's captured target layers, its tree width."""
+
+    verdicts: list[RowVerdict]
+    states: object
+    width: int
+
+
+def append_chunk(row: RowState, tokens: torch.Tensor, processed: torch.Tensor, raw: torch.Tensor,
+                 stopping_criteria: StoppingCriteriaList, want_scores: bool, want_logits: bool) -> tuple[bool, int]:
+    """Appends a chunk of device ``tokens`` to ``row``, honouring every stopping criterion inside it as if its tokens
+    came one by one (each sees every prefix, as in plain generate); one host read of all the verdicts. Keeps the
+    chunk's processed / raw rows when asked. Returns (stopped, tokens kept)."""
+    start = row.ids.shape[1]
+    extended = torch.cat([row.ids, tokens.view(1, -1)], dim=1)
+    step_scores = [processed[i : i + 1] for i in range(tokens.numel())] if want_scores else None
+    stopped, count = tokens_before_stop(
+        stopping_criteria, extended, start, tuple(row.scores + step_scores) if want_scores else None
+    )
+    row.ids = extended[:, : start + count]
+    if want_scores:
+        row.scores += step_scores[:count]
+    if want_logits:
+        row.logits += [raw[i : i + 1] for i in range(count)]
+    return stopped, count
 
 
 def fork_drafter(drafter: Drafter, assistant, target) -> Drafter:
