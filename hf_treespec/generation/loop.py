@@ -110,6 +110,7 @@ class TreeDecodingLoop:
         self.active: list[RowState] = []
 
     def run(self):
+        """The whole decoding: what ``generate`` returns (the sequences, or a `TreeSpecGenerateOutput`)."""
         self.prefill()  # 0. the prompt: every row's first token, chosen as plain generate chooses it
         while self.active:
             drafted = self.draft()  # 1. a tree per active row
@@ -119,6 +120,7 @@ class TreeDecodingLoop:
         return self.output()
 
     def prefill(self) -> None:
+        """0. The prompt forward; every row's first token, its drafter started on the prompt, its first context."""
         mask, device = self.prompt_mask, self.device
         inputs = {"input_ids": self.input_ids, "position_ids": (mask.long().cumsum(-1) - 1).clamp(min=0)}
         if not bool(mask.all()):
