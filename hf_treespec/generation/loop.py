@@ -68,10 +68,10 @@ class TreeDecodingLoop:
 
     def __init__(self, model, input_ids, logits_processor, stopping_criteria, generation_config, streamer,
                  assistant_model, attention_mask, cache):
+        check_tree_attention(model, role="target model")  # the target first: the drafter may be the same model
         drafter = check_drafter(model, assistant_model)
         self.policy, self.verifier = resolve(generation_config, drafter)  # refuses beams before the batch checks
         self.prompt_mask = check_batch_inputs(input_ids, attention_mask, streamer)
-        check_tree_attention(model, role="target model")
         if cache is None:
             raise ValueError("tree speculation needs use_cache=True.")
         self.batch = input_ids.shape[0]
