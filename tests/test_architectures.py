@@ -15,6 +15,10 @@ import hf_treespec
 from hf_treespec.drafters import TreeSpecDrafterConfig, TreeSpecDrafterModel
 from hf_treespec.features import capture_hidden_states, final_norm
 from hf_treespec.kv.window import TreeWindows
+from hf_treespec.policies import DelaySelector, DelaySelectorConfig
+from hf_treespec.policies.nde_selector import action_space
+from hf_treespec.policies.c2t import C2TClassifier
+from hf_treespec.policies.nde_features import DIVERGENCE_FEATURES, SCALAR_FEATURES
 
 from conftest import char_tokenizer, perturbed_copy
 
@@ -130,13 +134,52 @@ def test_identity_needs_the_window_in_the_tree_mask(models, monkeypatch):
     assert not torch.equal(out, plain)
 
 
+def padded_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    """Three prompts longer than the window (one crosses it by a token), left-padded to the longest."""
+    generator = torch.Generator().manual_seed(7)
+    lengths = (WINDOW + 5, WINDOW + 1, WINDOW + 9)
+    width = max(lengths)
+    ids = torch.zeros(len(lengths), width, dtype=torch.long)
+    mask = torch.zeros(len(lengths), width, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        ids[row, width - n :] = torch.randint(1, VOCAB, (n,), generator=generator)
+        mask[row, width - n :] = 1
+    return ids, mask
+
+
 @pytest.mark.parametrize("family", ["mistral", "gemma2"])
-def test_batched_loop_refuses_sliding_windows_by_name(models, family):
+def test_sliding_window_batch_rows_equal_plain_batched_generate(models, family):
+    """A left-padded batch of 3 over a sliding-window target: the window applied per row in the tree mask, every
+    policy's rows equal plain batched ``generate``'s token for token (fp32, greedy)."""
     target, drafters = models(family)
-    ids = torch.randint(0, VOCAB, (2, 6))
-    with pytest.raises(ValueError, match="Batched tree speculation does not support sliding-window attention"):
-        target.generate(ids, max_new_tokens=4, do_sample=False, assistant_model=drafters["causal_lm"],
-                        tree_policy="chain")
+    ids, mask = padded_batch()
+    kwargs = dict(attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+    plain = target.generate(ids, **kwargs)
+    # untrained helper networks (whatever tree they pick, greedy verification is lossless); the delay selector reads
+    # the target's state at each row's root, no drafter state (a batch keeps none per row for it)
+    torch.manual_seed(0)
+    selector = DelaySelector(DelaySelectorConfig(
+        actions=[list(a) for a in action_space((1, 2), (1,), (1, 2))], hidden_inputs={"target_hidden": SMALL["hidden_size"]}, shared_dim=8,
+        scalar_features=[name for name in SCALAR_FEATURES if name not in DIVERGENCE_FEATURES])).eval()
+    needs = {"c2t": dict(c2t_classifier=C2TClassifier()), "nde": dict(tree_selector=selector)}
+    accepted = 0
+    for policy in hf_treespec.list_policies():
+        out = target.generate(ids, assistant_model=drafters["causal_lm"], tree_policy=policy,
+                              return_dict_in_generate=True, **needs.get(policy, {}), **kwargs)
+        assert torch.equal(out.sequences, plain), (family, policy)
+        accepted += sum(out.accepted_lengths) - len(out.accepted_lengths)
+    assert accepted > 0  # trees were verified, not only draft-free steps
+
+
+def test_sliding_window_batch_needs_the_window_in_the_tree_mask(models, monkeypatch):
+    """The batch test can fail: without the window in the batch's tree mask a Mistral target's rows diverge."""
+    target, drafters = models("mistral")
+    ids, mask = padded_batch()
+    kwargs = dict(attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+    plain = target.generate(ids, **kwargs)
+    monkeypatch.setattr(TreeWindows, "masks", lambda self, mask, queries, keys: mask)
+    out = target.generate(ids, assistant_model=drafters["causal_lm"], tree_policy="chain", **kwargs)
+    assert not torch.equal(out, plain)
 
 
 @pytest.mark.parametrize("family", ["gpt2", "gpt_neox", "opt", "falcon", "gemma2", "llama"])

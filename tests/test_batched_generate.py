@@ -67,6 +67,27 @@ def test_plain_batched_generate_rows_agree(target, drafters):
     assert torch.equal(tree, plain)
 
 
+def test_batch_of_one_and_of_four_run_the_same_loop(target, drafters, monkeypatch):
+    """One decoding loop: a single prompt and a padded batch of 4 go through the same `TreeDecodingLoop` steps; only
+    the target cache's bookkeeping behind `TargetKV` differs (one row: `OneRowKV`, a batch: `RaggedKV`)."""
+    from hf_treespec.generation.loop import TreeDecodingLoop
+
+    seen, verify = [], TreeDecodingLoop.verify
+
+    def spy(self, drafted):
+        seen.append((len(self.rows), type(self.kv).__name__, len(drafted.trees)))
+        return verify(self, drafted)
+
+    monkeypatch.setattr(TreeDecodingLoop, "verify", spy)
+    kwargs = dict(do_sample=False, max_new_tokens=8, pad_token_id=PAD, assistant_model=drafters["perturbed"],
+                  tree_policy="salf")
+    one = target.generate(torch.tensor([PROMPTS[0]]), **kwargs)
+    ids, mask = left_padded(PROMPTS + [[6, 6, 1]])
+    four = target.generate(ids, attention_mask=mask, **kwargs)
+    assert {(1, "OneRowKV", 1), (4, "RaggedKV", 4)} <= set(seen)
+    assert torch.equal(new_tokens(four, 0, ids.shape[1]), one[0, len(PROMPTS[0]):])
+
+
 @pytest.mark.parametrize("drafter_name", ["random", "copy", "truncated", "lookup"])
 def test_every_drafter_kind(target, drafters, drafter_name):
     drafter = hf_treespec.drafters.prompt_lookup(target) if drafter_name == "lookup" else drafters[drafter_name]

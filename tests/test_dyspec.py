@@ -13,7 +13,7 @@ import torch
 from hf_treespec.step_context import StepContext
 from hf_treespec.policies.base import DraftSource
 
-from hf_treespec.generation.decoding import resolve
+from hf_treespec.generation.components import resolve
 from hf_treespec.policies import POLICIES
 from hf_treespec.tree import DraftTree, Regime
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
-from hf_treespec.generation.decoding import resolve
+from hf_treespec.generation.components import resolve
 from hf_treespec.policies import POLICIES, DelaySelector, DelaySelectorConfig, DraftSource, StepContext
 from hf_treespec.drafters import as_drafter
 from hf_treespec.policies.nde import (

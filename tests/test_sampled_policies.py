@@ -11,7 +11,7 @@ from scipy.stats import chi2
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 import hf_treespec
-from hf_treespec.generation.decoding import resolve
+from hf_treespec.generation.components import resolve
 from hf_treespec.policies import POLICIES, DraftSource, StepContext
 from hf_treespec.randomness import multinomial_counts, without_replacement
 from hf_treespec.tree import DraftTree, Regime

@@ -16,7 +16,7 @@ from hf_treespec.assets import (
     shipped_drafter_path,
 )
 from hf_treespec.drafters import TreeSpecDrafterConfig, as_drafter
-from hf_treespec.generation.decoding import resolve
+from hf_treespec.generation.components import resolve
 from hf_treespec.model_card import make_card
 from hf_treespec.policies import DelaySelector, DelaySelectorConfig
 from hf_treespec.policies.nde import LATENCY_FEATURES, SELECTOR_SUBFOLDER, Action

@@ -120,7 +120,7 @@ def test_sampling_fills_the_shape_without_replacement_and_verifies_with_swor(tar
     ('static-sampled', exact and Monte-Carlo)."""
     from transformers import GenerationConfig
 
-    from hf_treespec.generation.decoding import resolve
+    from hf_treespec.generation.components import resolve
 
     policy, verifier = resolve(GenerationConfig(do_sample=True, tree_policy="static"))
     assert verifier.name == "swor" and policy.regime_for() == "swor"

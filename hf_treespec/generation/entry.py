@@ -17,7 +17,7 @@ from typing import Any
 from transformers import GenerationConfig, GenerationMixin, LogitsProcessorList, StoppingCriteriaList
 
 from .config import GENERATE_ONLY_KWARGS, TREE_GENERATION_KWARGS
-from .decoding import tree_speculative_decoding
+from .loop import tree_speculative_decoding
 
 _GENERATE_CODE = inspect.unwrap(GenerationMixin.generate).__code__
 

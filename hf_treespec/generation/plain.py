@@ -16,7 +16,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from ..attention import additive_mask
 from ..compat import CACHE_KWARG
 from .config import GENERATE_ONLY_KWARGS
-from .decoding import returns_outside_inference_mode
+from .components import returns_outside_inference_mode
 from .target import TargetForward, compiled_for_generation
 
 

@@ -20,6 +20,7 @@ from transformers import DynamicCache
 
 from ..attention import additive_mask
 from .tree_kv import to_device
+from .window import TreeWindows
 from ..tree import DraftTree
 
 
@@ -42,10 +43,12 @@ class RaggedKV:
         prompt_mask: ``[B0, L]`` bool, False at left-padding columns of the prompt (all original rows).
         rows: ``[B]`` original row index of each active cache row.
         lengths: ``[B]`` committed tokens in the cache per active row (padding columns of the prompt included).
+        windows: the target's sliding windows (`~hf_treespec.kv.window.prepare` made its layers full-length), or None.
     """
 
-    def __init__(self, cache: DynamicCache, prompt_mask: torch.Tensor):
+    def __init__(self, cache: DynamicCache, prompt_mask: torch.Tensor, windows: TreeWindows | None = None):
         self.cache = cache
+        self.windows = windows
         self.prompt_mask = prompt_mask.bool().cpu()
         batch, prompt_len = self.prompt_mask.shape
         self.prompt_len = prompt_len
@@ -69,10 +72,14 @@ class RaggedKV:
         prompt[:, : self.prompt_len] = self.prompt_mask[self.rows]
         return (columns[None] < self.lengths[:, None]) & prompt
 
-    def tree_inputs(self, trees: list[DraftTree], dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-        """Host ``input_ids`` / ``position_ids`` ``[B, N]`` and the additive 4D mask ``[B, 1, N, width + N]`` feeding
-        every active row's tree (row i of ``trees`` for active row i), packed to the widest tree ``N``. A padding node
-        sees only itself (no fully masked query row) and no real node sees it."""
+    def step_inputs(self, trees: list[DraftTree], dtype: torch.dtype, device: torch.device, explicit_masks: bool = True
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | dict[str, torch.Tensor]]:
+        """``input_ids`` / ``position_ids`` ``[B, N]`` and the additive 4D mask ``[B, 1, N, width + N]`` feeding every
+        active row's tree (row i of ``trees`` for active row i), packed to the widest tree ``N``, on ``device`` in
+        one copy (the mask travels as bools). A padding node sees only itself (no fully masked query row) and no
+        real node sees it. Sliding windows (`TreeWindows`) are applied per row over position ids: left padding
+        comes first, so two real tokens are as far apart in positions as in cache columns, as plain batched
+        ``generate`` counts the window. The mask is always explicit (padding and holes)."""
         sizes = torch.tensor([t.num_nodes for t in trees])
         batch, width, n = len(trees), self.width, int(sizes.max())
         ids = torch.zeros(batch, n, dtype=torch.long)
@@ -86,7 +93,13 @@ class RaggedKV:
             depth[i, :m] = tree.depth
             visible[i, :m, width : width + m] = tree.ancestor_mask()
         positions = self.positions()[:, None] + depth
-        return ids, positions, additive_mask(visible, dtype)[:, None]
+        if self.windows is None:
+            ids, positions, visible = to_device(device, ids, positions, visible)
+            return ids, positions, additive_mask(visible, dtype)[:, None]
+        columns = torch.arange(width)[None] - self.pads[self.rows][:, None]  # a cache column's position id
+        keys = torch.cat([columns, positions], dim=1)
+        ids, positions, visible, keys = to_device(device, ids, positions, visible, keys)
+        return ids, positions, self.windows.masks(additive_mask(visible, dtype)[:, None], positions, keys)
 
     def commit(self, accepted: list[torch.Tensor]) -> None:
         """After a forward that appended every active row's tree past the old width: keeps each active row's accepted path (node

@@ -103,12 +103,13 @@ class TreeWindows:
     def masks(
         self, mask: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor
     ) -> torch.Tensor | dict[str, torch.Tensor]:
-        """The attention mask(s) of a tree forward: ``mask`` ``[1, 1, q, kv]`` (additive, no window) with every key
-        farther than the window from its query masked for the sliding layers. ``query_positions`` ``[q]`` and
-        ``key_positions`` ``[kv]`` are the position ids of the mask's rows and columns. A dict keyed by layer type
-        when sliding and full layers are mixed (the form transformers' hybrid models accept), else one tensor."""
-        far = (query_positions.view(-1, 1) - key_positions.view(1, -1)) >= self.window
-        windowed = mask.masked_fill(far[None, None], torch.finfo(mask.dtype).min)
+        """The attention mask(s) of a tree forward: ``mask`` ``[B, 1, q, kv]`` (additive, no window) with every key
+        farther than the window from its query masked for the sliding layers. ``query_positions`` ``[q]`` (or
+        ``[B, q]``, one row per batch row) and ``key_positions`` ``[kv]`` (or ``[B, kv]``) are the position ids of
+        the mask's rows and columns. A dict keyed by layer type when sliding and full layers are mixed (the form
+        transformers' hybrid models accept), else one tensor."""
+        far = (query_positions.unsqueeze(-1) - key_positions.unsqueeze(-2)) >= self.window
+        windowed = mask.masked_fill(far.unsqueeze(-3), torch.finfo(mask.dtype).min)
         if self.layer_types is None:
             return windowed
         return {SLIDING: windowed, FULL: mask}
@@ -137,17 +138,3 @@ def sliding_layers(cache) -> list[str]:
     """Class names of the sliding-window layers of ``cache`` (empty when none, or no cache): what code that appends
     tree rows to a cache it did not widen with `prepare` must refuse."""
     return [type(layer).__name__ for layer in getattr(cache, "layers", ()) if getattr(layer, "is_sliding", False)]
-
-
-def refuse_in_batch(cache) -> None:
-    """Batched tree speculation keeps rows of different lengths in one cache, with masked holes between a row's
-    tokens and its tree: a window counted in cache columns (as plain batched ``generate`` counts it, left padding
-    included) cannot be reproduced there, so sliding-window targets are refused by name."""
-    sliding = sliding_layers(cache)
-    if sliding:
-        raise ValueError(
-            f"Batched tree speculation does not support sliding-window attention (the target's cache has "
-            f"{len(sliding)} {sliding[0]} layers: Mistral, Gemma 2 / 3, Phi-3 with sliding_window, ...): its ragged "
-            "batch cache cannot reproduce a window counted over padded cache columns. Decode one prompt at a time "
-            "(batch size 1, no padding) with tree_policy, or drop tree_policy for the batch."
-        )
