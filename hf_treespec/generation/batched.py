@@ -6,8 +6,8 @@ forward, each row's verifier rule picks its accepted path, and `RaggedKV` moves 
 its committed ones. Finished rows (EOS, stop strings, ``max_new_tokens``) leave the batch at once; their output is
 padded with ``pad_token_id`` exactly as plain ``generate`` pads it.
 
-Drafting is batched too: every row's policy grows its own data-dependent tree (``TreePolicy.build`` takes one root),
-and the rows' draft forwards are joined into one forward per round (`lockstep.build_in_lockstep`,
+Drafting is batched too: every row's policy grows its own data-dependent tree (``TreePolicy.grow`` yields its draft
+requests), and the rows' draft forwards are joined into one forward per round (`drafting.draft_trees`,
 `Drafter.expand_rows`). The rows share one policy and one verifier (neither keeps per-tree state); drafted rows are
 verified in one `Verifier.verify_rows` call (greedy: one host copy of every row's choices). Python loops over rows
 remain where a per-row rule is the contract: the policies' own bookkeeping, the verifiers' walks (their acceptance
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from functools import partial
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
@@ -30,14 +29,12 @@ from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria
 from ..attention import check_tree_attention
 from ..compat import CACHE_KWARG
 from ..drafters.base import Drafter, TargetFeatures, as_drafter
-from ..policies import TreePolicy
 from ..kv.ragged import RaggedKV
 from ..step_context import DecodingSetup, StepContext, StepOutcome, sampling_params
 from ..cost.timing import Clock, RunningMean
-from ..tree import DraftTree
 from .components import TreeSpecGenerateOutput, check_drafter, resolve
 from .draft_source import WarpedDraftSource
-from .lockstep import LockstepDraftSource, build_in_lockstep
+from .drafting import DraftRound, draft_trees
 from .processors import process_tree_logits, processors_for_rows
 from .stopping import tokens_before_stop
 from .target import TargetForward, compiled_for_generation
@@ -220,10 +217,13 @@ def batched_tree_decoding(
     while active:
         t0 = clock.now()
         # one check for the batch: when no tree could pay at any row's context, no row's policy runs
+        contexts = [row.context for row in active]
         if policy.may_draft(int(kv.positions().min())):
-            trees, rounds = draft_trees(policy, active)
+            sources = [WarpedDraftSource(row.drafter, row.processors, row.ids) for row in active]
+            drafts = draft_trees(policy, sources, contexts)
         else:
-            trees, rounds = [DraftTree.root(row.context.root_token) for row in active], 0
+            drafts = DraftRound.draft_free(contexts)
+        trees, rounds = drafts.trees, drafts.rounds
         t1 = clock.now()
         draft_rounds += rounds
         ids, pos, mask4d = kv.tree_inputs(trees, mask_dtype)
@@ -261,7 +261,7 @@ def batched_tree_decoding(
         policy.observe(StepOutcome(
             trees=trees, accepted=verdicts, contexts=[row.context for row in active], width=int(ids.shape[1]),
             context_length=int(kv.positions().float().mean()), draft_seconds=t1 - t0, verify_seconds=t2 - t1,
-            draft_rounds=rounds,
+            draft_rounds=rounds, shapes=drafts.shapes,
         ))
         joined = drafter_features(states)
         done = torch.zeros(len(active), dtype=torch.bool)
@@ -307,19 +307,6 @@ def batched_tree_decoding(
         row_accepted_lengths=[row.accepted_lengths for row in rows],
         attention_mask=attention_mask_of(sequences, prompt_mask.to(device), lengths.to(device)),
     )
-
-
-def draft_trees(policy: TreePolicy, active: list[RowState]) -> tuple[list[DraftTree], int]:
-    """Every active row's tree from its own policy, the rows' draft forwards batched into rounds
-    (`build_in_lockstep`); returns the trees and the rounds run (drafter forwards)."""
-    if len(active) == 1:  # nothing to batch with: the row's policy runs directly, no thread
-        row = active[0]
-        source = WarpedDraftSource(row.drafter, row.processors, row.ids)
-        tree = policy.build(source, row.context.root_token, context=row.context)
-        return [tree], source.num_forwards
-    sources = [LockstepDraftSource(row.drafter, row.processors, row.ids) for row in active]
-    builds = [partial(policy.build, root_token=row.context.root_token, context=row.context) for row in active]
-    return build_in_lockstep(builds, sources)
 
 
 def stack_steps(per_row: list[list[torch.Tensor]]) -> tuple[torch.Tensor, ...]:

@@ -20,6 +20,7 @@ from .components import (
     TreeSpecGenerateOutput, check_decoder_only, check_drafter, check_no_beams, check_text_only, resolve,
 )
 from .draft_source import WarpedDraftSource
+from .drafting import DraftRound, draft_trees
 from .processors import process_tree_logits
 from .stopping import tokens_before_stop
 from .target import TargetForward, compiled_for_generation
@@ -200,9 +201,10 @@ def tree_speculative_decoding(
         source = WarpedDraftSource(drafter, logits_processor, input_ids)
         t0 = clock.now()
         if policy.may_draft(context.context_length):
-            tree = policy.build(source, context.root_token, context=context)
+            drafts = draft_trees(policy, [source], [context])
         else:
-            tree = DraftTree.root(context.root_token)
+            drafts = DraftRound.draft_free([context])
+        tree = drafts.trees[0]
         t1 = clock.now()
         draft_free = tree.num_nodes == 1 and target_kv.holds_only_committed
         states, accepted, raw, processed, next_token = (target_alone if draft_free else verify_tree)(tree, t1)
@@ -222,7 +224,7 @@ def tree_speculative_decoding(
         policy.observe(StepOutcome(
             trees=[tree], accepted=[accepted], contexts=[context], width=tree.num_nodes,
             context_length=input_ids.shape[1], draft_seconds=t1 - t0, verify_seconds=t2 - t1,
-            draft_rounds=source.num_forwards,
+            draft_rounds=source.num_forwards, shapes=drafts.shapes,
         ))
         drafter.commit(tree, accepted, drafter_features(states, slice(None) if draft_free else rows))
         finished, count = emit(device_tokens, processed, raw)
