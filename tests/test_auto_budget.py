@@ -444,6 +444,7 @@ def test_draft_free_steps_then_drafting_with_a_feature_drafter(target, prompt, t
     monkeypatch.setattr("hf_treespec.cost.speed_model.load_or_calibrate",
                         lambda m, cache_dir=None, compiled=None: CostCurve.from_json(STEEP.to_json()))
     monkeypatch.setattr("hf_treespec.cost.speed_model.PROBE_BUDGET", 1e9)  # re-probe on the step count alone
+    monkeypatch.delitem(target.__dict__, "_treespec_speed_models", raising=False)  # no curve an earlier test set
     drafter = make_drafter(target, seed=2, target_layers=[0, 2, 3], draft_vocab_size=40)
     drafter.set_draft_vocab(permuted_vocab(40))
     plain = target.generate(prompt, do_sample=False, max_new_tokens=48)

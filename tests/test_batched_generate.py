@@ -196,6 +196,7 @@ def test_batch_where_no_tree_pays_runs_no_policy_and_equals_plain(target, drafte
     generate, a prefix-reading processor (no-repeat n-grams) and a custom EOS included."""
     monkeypatch.setenv("HF_TREESPEC_CACHE", str(tmp_path))
     monkeypatch.setattr("hf_treespec.cost.speed_model.load_or_calibrate", lambda m, cache_dir=None, compiled=None: steep_curve())
+    monkeypatch.delitem(target.__dict__, "_treespec_speed_models", raising=False)  # no curve an earlier test set
     ids, mask = left_padded()
     refs = [single(target, p, do_sample=False, max_new_tokens=30) for p in PROMPTS]
     eos = int(refs[1][7])
@@ -203,8 +204,8 @@ def test_batch_where_no_tree_pays_runs_no_policy_and_equals_plain(target, drafte
     plain = target.generate(ids, attention_mask=mask, **kwargs)
     calls = []
     salf = hf_treespec.policies.POLICIES.get("salf")
-    original = salf.build
-    monkeypatch.setattr(salf, "build",
+    original = salf.grow
+    monkeypatch.setattr(salf, "grow",
                         lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
     out = target.generate(ids, attention_mask=mask, **kwargs, assistant_model=drafters["copy"], tree_policy="salf",
                           tree_budget="auto", return_dict_in_generate=True)
