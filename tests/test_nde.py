@@ -96,7 +96,7 @@ def test_nde_needs_a_selector_and_declares_the_iid_regime(tmp_path):
     assert policy.regime_for() == Regime.IID and verifier.name == "specinfer"
     assert "latencies" in policy.context_needs
     with pytest.raises(ValueError, match="target's probabilities"):
-        policy.build(None, 3, context=StepContext(3))
+        policy.build(FakeSource(), 3, context=StepContext(3))
 
 
 # ------------------------------------------------------------------------------------------------ policy

@@ -14,13 +14,13 @@ from __future__ import annotations
 import torch
 
 from ..tree import DraftTree
-from .auto import AUTO_MAX_NODES
+from .auto import AUTO, AUTO_MAX_NODES
 from .base import POLICIES, Draft, Growth, TreePolicy, topk_children
 
 
 @POLICIES.register("salf")
 class SALFPolicy(TreePolicy):
-    defaults = {"tree_budget": 60, "tree_depth": None, "salf_batch": 10, "salf_threshold": 0.6}
+    defaults = {"tree_budget": AUTO, "tree_depth": None, "salf_batch": 10, "salf_threshold": 0.6}
     supports_auto = True
 
     def validate(self) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..tree import DraftTree
-from .auto import AUTO_MAX_NODES
+from .auto import AUTO, AUTO_MAX_NODES
 from ..tree import top_by_score
 from .base import POLICIES, Draft, Growth, TreePolicy, topk_children
 
@@ -22,7 +22,7 @@ def add_topk_children(tree: DraftTree, nodes: torch.Tensor, vals: torch.Tensor, 
 
 @POLICIES.register("eagle2")
 class Eagle2Policy(TreePolicy):
-    defaults = {"tree_budget": 60, "tree_depth": 7, "tree_topk": 10}
+    defaults = {"tree_budget": AUTO, "tree_depth": 7, "tree_topk": 10}
     supports_auto = True
 
     def grow(self, root_token, *, context, capabilities=frozenset(), generator=None) -> Growth:
