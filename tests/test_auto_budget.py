@@ -109,10 +109,9 @@ def test_sampled_shape_by_cost(policy, bound):
         flat.depth_acceptance.observe(1, 4, 4)
     assert flat.depth_acceptance.alpha > 0.9
     source = PeakedSource()
-    context = context_for(flat)
-    tree = auto_policy(cls, flat, do_sample=True, **bound).build(source, 3, context=context)
-    assert tree.max_depth >= 5 and source.calls >= 5
-    assert context.shape is not None and context.shape[1] >= 5  # recorded for the loop's observation of the step
+    draft = auto_policy(cls, flat, do_sample=True, **bound).draft(source, 3, context=context_for(flat))
+    assert draft.tree.max_depth >= 5 and source.calls >= 5
+    assert draft.shape is not None and draft.shape[1] >= 5  # returned for the loop's observation of the step
 
 
 def test_depth_acceptance_learns_alpha():

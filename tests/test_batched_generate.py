@@ -17,6 +17,7 @@ from hf_treespec.compat import CACHE_KWARG, output_cache
 from hf_treespec.policies import POLICIES
 from hf_treespec.verifiers import VERIFIERS
 
+from conftest import fixed_budget
 from test_generate_sampling import chi_square_pvalue, exact_law
 
 PROMPTS = [[3, 17, 42, 8, 8, 21], [5, 9, 33, 2], [11, 40, 7, 7, 19]]
@@ -49,7 +50,8 @@ GREEDY_POLICIES = ["chain", "eagle2", "optimal", "salf", "dyspec", "iid", "swor"
 def test_greedy_rows_equal_single_prompt_generate(target, drafters, policy):
     ids, mask = left_padded()
     out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=25, pad_token_id=PAD,
-                          assistant_model=drafters["perturbed"], tree_policy=policy, return_dict_in_generate=True)
+                          assistant_model=drafters["perturbed"], tree_policy=policy, return_dict_in_generate=True,
+                          **fixed_budget(policy))
     for row, prompt in enumerate(PROMPTS):
         assert torch.equal(new_tokens(out.sequences, row, ids.shape[1]), single(target, prompt, do_sample=False,
                                                                                 max_new_tokens=25)), row

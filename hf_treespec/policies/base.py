@@ -54,10 +54,11 @@ POLICIES: Registry["TreePolicy"] = Registry("tree policy", plural="tree policies
 
 
 class DraftSource(ABC):
-    """What a policy may ask of the drafter: warped log-probabilities of the children of some nodes, in one forward.
+    """What answers a policy's draft requests for one row: warped log-probabilities of the children of some nodes,
+    in one forward (`LogprobsRequest`).
 
     ``capabilities`` declares the fast paths a source offers (a subset of ``{"greedy_chain", "topk_logprobs"}``);
-    policies call a fast path only when it is declared, through `draft_greedy_chain` / `topk_children`, which fall
+    policies request a fast path only when it is declared, through `draft_greedy_chain` / `topk_children`, which fall
     back to ``logprobs`` otherwise and give the same tree either way:
 
     * ``greedy_chain(tree, node, length) -> (tokens, logprobs)``: the chain of draft argmaxes below ``node``;
@@ -129,7 +130,8 @@ Growth = Generator[Any, Any, Draft]
 
 
 def answer_from(source: DraftSource, growth: Growth) -> Draft:
-    """Runs ``growth`` to the end, answering each of its requests from ``source`` (one row, no batching)."""
+    """Runs ``growth`` to the end, answering each of its requests from ``source`` (one row, no batching); returns
+    what it returns (a policy's `Draft`; a helper's own result, e.g. `topk_children`'s)."""
     answer = None
     try:
         while True:
