@@ -385,6 +385,21 @@ class ToySource(DraftSource):
         return _rows(toy_q, tree, nodes).log()
 
 
+def test_branching_laws_are_their_own_protocol():
+    """Only the NDE data reads branching laws: `Verifier` has none, the six top-down verifiers with a closed form
+    implement `BranchingLaw`, and asking another verifier for one says which have one."""
+    from hf_treespec.verifiers import VERIFIERS
+    from hf_treespec.verifiers.base import Verifier
+    from hf_treespec.verifiers.branching import BranchingLaw, branching_law, laws
+
+    assert not any(hasattr(Verifier, name) for name in ("branching", "branching_rows", "branching_columns"))
+    assert laws() == ["greedy", "khisti_priority", "naivetree", "nss", "specinfer", "spectr"]
+    assert all(isinstance(branching_law(name), BranchingLaw) and isinstance(branching_law(name), VERIFIERS.get(name))
+               for name in laws())
+    with pytest.raises(ValueError, match="traversal.*no closed-form branching law.*specinfer"):
+        branching_law("traversal")
+
+
 @pytest.mark.parametrize("verifier", ["specinfer", "naivetree", "nss", "greedy", "spectr", "khisti_priority"])
 def test_block_efficiency_estimate_is_exact_in_expectation(verifier):
     actions = [Action(1, 0, 2), Action(2, 0, 1), Action(2, 0, 2), Action(2, 1, 1), Action(2, 1, 2)]
