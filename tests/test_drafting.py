@@ -175,6 +175,33 @@ def test_each_row_gets_the_tree_its_policy_builds_alone(target, drafters, name, 
             same(mine, own)
 
 
+def test_the_documented_policy_drafts_one_sequence_and_a_batch(target, drafters):
+    """docs/policies.md's example policy: exact in a batch of two, two draft forwards a step."""
+
+    @POLICIES.register("two_paths")
+    class TwoPaths(TreePolicy):
+        def grow(self, root_token, *, context, capabilities=frozenset(), generator=None):
+            tree = DraftTree.root(root_token)
+            root = torch.zeros(1, dtype=torch.long)
+            logq = yield LogprobsRequest(tree, root)
+            values, tokens = logq.topk(2, dim=-1)
+            tree = tree.add_children(root.expand(2), tokens[0], values[0])
+            children = torch.tensor([1, 2])
+            best = (yield LogprobsRequest(tree, children)).max(dim=-1)
+            return Draft(tree.add_children(children, best.indices, best.values))
+
+    try:
+        ids, mask = left_padded()
+        plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=12, pad_token_id=PAD)
+        out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=12, pad_token_id=PAD,
+                              assistant_model=drafters["perturbed"], tree_policy="two_paths",
+                              return_dict_in_generate=True)
+    finally:
+        POLICIES.unregister("two_paths")
+    steps = max(len(lengths) for lengths in out.row_accepted_lengths)
+    assert torch.equal(out.sequences, plain) and set(out.tree_sizes) == {4} and out.draft_forwards == 2 * steps
+
+
 def test_no_thread_is_started_during_a_batched_generate(target, drafters, monkeypatch):
     started_threads = []
     original = threading.Thread.start
