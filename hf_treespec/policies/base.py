@@ -129,7 +129,7 @@ class Draft:
 Growth = Generator[Any, Any, Draft]
 
 
-def answer_from(source: DraftSource, growth: Growth) -> Draft:
+def answer_from(source: DraftSource, growth: Generator) -> Any:
     """Runs ``growth`` to the end, answering each of its requests from ``source`` (one row, no batching); returns
     what it returns (a policy's `Draft`; a helper's own result, e.g. `topk_children`'s)."""
     answer = None
@@ -307,7 +307,8 @@ class TreePolicy(ABC):
         return self.draft(source, root_token, context=context, generator=generator).tree
 
 
-def draft_greedy_chain(tree: DraftTree, node: int, length: int, capabilities: frozenset[str]) -> Growth:
+def draft_greedy_chain(tree: DraftTree, node: int, length: int,
+                       capabilities: frozenset[str]) -> Generator[Any, Any, DraftTree]:
     """Hangs below ``node`` the chain of draft argmaxes, up to ``length`` tokens, stopping where q has no support;
     returns the tree (``tree = yield from draft_greedy_chain(...)``).
 
@@ -327,7 +328,8 @@ def draft_greedy_chain(tree: DraftTree, node: int, length: int, capabilities: fr
     return tree
 
 
-def topk_children(tree: DraftTree, nodes: torch.Tensor, k: int, capabilities: frozenset[str]) -> Growth:
+def topk_children(tree: DraftTree, nodes: torch.Tensor, k: int,
+                  capabilities: frozenset[str]) -> Generator[Any, Any, tuple[torch.Tensor, torch.Tensor]]:
     """Returns ``(values, tokens)`` ``[len(nodes), <= k]``: each node's ``k`` most likely children under q, best
     first, -inf where q has fewer tokens (`DraftTree.add_children` drops those). Sparse when ``topk_logprobs`` is
     declared."""
@@ -340,7 +342,7 @@ def topk_children(tree: DraftTree, nodes: torch.Tensor, k: int, capabilities: fr
 def sibling_sequence(
     tree: DraftTree, nodes: torch.Tensor, count: int, do_sample: bool, capabilities: frozenset[str],
     generator: Randomness = None,
-) -> Growth:
+) -> Generator[Any, Any, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
     """Returns each node's first ``count`` children ``(tokens, log q)`` ``[len(nodes), <= count]`` in sibling order,
     -inf past q's support, and the rows of q they came from: sampled without replacement when ``do_sample`` (the
     order of a sampling-without-replacement sequence, which the SWOR verifier tests), the draft's top ranks otherwise

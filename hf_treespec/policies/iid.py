@@ -10,6 +10,8 @@ expanded node records q(. | node) for the verifier.
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Generator
+from typing import Any
 
 import torch
 
@@ -34,7 +36,7 @@ def add_iid_children(
 def grow_iid(
     tree: DraftTree, frontier: torch.Tensor, draws: torch.Tensor, levels: int, record: bool,
     generator: Randomness = None, first: torch.Tensor | None = None,
-) -> Growth:
+) -> Generator[Any, Any, tuple[DraftTree, torch.Tensor]]:
     """Extends ``draws[i]`` i.i.d. paths from each ``frontier[i]`` by ``levels`` tokens, one draft request per level;
     returns ``(tree, frontier)``. ``first``: the first level's log q when it is already known (NDE drafted it)."""
     for level in range(levels):

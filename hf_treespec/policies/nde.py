@@ -29,6 +29,7 @@ come in named sets (:data:`FEATURE_SETS`, recorded as ``feature_set`` in the sel
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -80,7 +81,7 @@ class KeepSourceRequest:
 
 def grow_delayed(
     tree: DraftTree, action: Action, record: bool, generator: Randomness = None, first: torch.Tensor | None = None
-) -> Growth:
+) -> Generator[Any, Any, DraftTree]:
     """Grows a delayed tree of shape ``action`` from the root of ``tree`` (the ``delayed`` policy's construction);
     ``first``: q(. | root) when already drafted."""
     one = torch.ones(1, dtype=torch.long, device=tree.device)

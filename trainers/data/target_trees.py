@@ -12,8 +12,9 @@ the policies of ``hf_treespec.policies`` are run *in lockstep* over all position
 - :class:`AnswerSource` is the policy's draft source: it turns the round's recorded target answer into the request's
   answer.
 
-The number of rounds is the policy's number of draft calls (3 for EAGLE-2 depth 3). Answers keep the target's top ``answer_topk`` log-probs per node (the policies only rank the best few
-children; a full 49k-row table per node would not fit in memory for hundreds of positions).
+The number of rounds is the policy's number of draft calls (3 for EAGLE-2 depth 3). Answers keep the target's top
+``answer_topk`` log-probs per node (the policies only rank the best few children; a full 49k-row table per node would
+not fit in memory for hundreds of positions).
 """
 
 from __future__ import annotations
