@@ -25,9 +25,11 @@ BUDGET = {  # measured worst step: chain 7 / 14, eagle2 10 / 11, salf 4 / 6, dys
     ("dyspec", "greedy"): 5, ("dyspec", "sampling"): 19,
     ("iid", "greedy"): 24, ("iid", "sampling"): 28,
 }
-#: the same for a batch of 4 prompts (salf, greedy; measured worst step 19): one forward per draft round for the
-#: whole batch, but per-row reads and copies around it
-BATCH_BUDGET = 21
+#: the same for a batch of 4 prompts (salf, greedy; measured worst step 22): one forward per draft round for the
+#: whole batch, but per-row reads and copies around it, each row's tree bookkeeping included (2-3 reads per row; the
+#: counter sees them since the rows' policies run on the calling thread: on the lockstep threads of before, the
+#: counter's thread-local modes missed them, and the same step counted 11)
+BATCH_BUDGET = 24
 
 
 @pytest.fixture(scope="module")
