@@ -49,8 +49,6 @@ class StepContext:
         draft_seconds: running mean of one draft forward measured so far in this generation (None before any, and
             None unless the policy's ``context_needs`` has ``"latencies"`` or the caller asked for timings).
         target_seconds: running mean of one target tree forward (same conditions).
-        shape: the (k, l) an auto-sized sampled policy chose for this step (set by the policy while building, read
-            back by its ``observe``, so the acceptance of that k is learned); None otherwise.
     """
 
     root_token: int
@@ -62,7 +60,6 @@ class StepContext:
     target_hidden: torch.Tensor | None = None
     draft_seconds: float | None = None
     target_seconds: float | None = None
-    shape: tuple[int, int] | None = None
 
 
 @dataclass
@@ -79,6 +76,7 @@ class StepOutcome:
         draft_seconds / verify_seconds: measured time of the step's drafting and of its target forward plus
             verification (0 when the loop was not timing).
         draft_rounds: drafter forwards run (a batch drafts every row in one forward per round).
+        shapes: the ``(k, l)`` each row's policy chose for its tree (`Draft.shape`; None where it chose none).
     """
 
     trees: list[DraftTree]
@@ -89,6 +87,7 @@ class StepOutcome:
     draft_seconds: float
     verify_seconds: float
     draft_rounds: int
+    shapes: list[tuple[int, int] | None]
 
     @property
     def tokens(self) -> int:

@@ -16,6 +16,15 @@ VOCAB = 64
 torch.set_num_threads(1)
 
 
+def fixed_budget(policy: str, nodes: int = 60) -> dict:
+    """``tree_budget=nodes`` for a policy whose default is ``"auto"`` (trees sized by this machine's measured cost,
+    so which steps draft varies run to run), nothing for the others: a test that counts drafts or compares seeded
+    runs pins the size."""
+    from hf_treespec.policies import POLICIES
+
+    return {"tree_budget": nodes} if POLICIES.get(policy).defaults.get("tree_budget") == "auto" else {}
+
+
 def tiny_llama(seed: int = 0, layers: int = 4, sharpen: float = 12.0) -> LlamaForCausalLM:
     """A 4-layer random Llama; the LM head is scaled so distributions are peaked like a real LM's."""
     torch.manual_seed(seed)

@@ -20,7 +20,7 @@ from hf_treespec.policies.nde_selector import action_space
 from hf_treespec.policies.c2t import C2TClassifier
 from hf_treespec.policies.nde_features import DIVERGENCE_FEATURES, SCALAR_FEATURES
 
-from conftest import char_tokenizer, perturbed_copy
+from conftest import char_tokenizer, fixed_budget, perturbed_copy
 
 torch.set_num_threads(1)
 
@@ -103,7 +103,7 @@ def test_greedy_identity_with_plain_generate(models, family, drafter_kind):
         plain = target.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False)
         for policy in POLICIES:
             out = target.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, assistant_model=drafter,
-                                  tree_policy=policy, return_dict_in_generate=True)
+                                  tree_policy=policy, return_dict_in_generate=True, **fixed_budget(policy))
             assert torch.equal(out.sequences, plain), (family, drafter_kind, policy, ids.shape[1])
             accepted += sum(out.accepted_lengths) - len(out.accepted_lengths)
     if drafter_kind == "causal_lm":
@@ -301,7 +301,7 @@ def test_sampled_tree_decoding_preserves_the_law_of_non_llama_targets(models, fa
     counts: dict = {}
     for _ in range(n):
         out = target.generate(prompt, max_new_tokens=3, assistant_model=drafters["causal_lm"], tree_policy=policy,
-                              verifier="nss", tree_depth=3, **WARP)
+                              verifier="nss", tree_depth=3, **WARP, **fixed_budget(policy))  # trees every step
         cell = tuple(out[0, -3:].tolist())
         counts[cell] = counts.get(cell, 0) + 1
     assert chi_square_pvalue(counts, law, n) > 1e-3

@@ -109,10 +109,9 @@ def test_sampled_shape_by_cost(policy, bound):
         flat.depth_acceptance.observe(1, 4, 4)
     assert flat.depth_acceptance.alpha > 0.9
     source = PeakedSource()
-    context = context_for(flat)
-    tree = auto_policy(cls, flat, do_sample=True, **bound).build(source, 3, context=context)
-    assert tree.max_depth >= 5 and source.calls >= 5
-    assert context.shape is not None and context.shape[1] >= 5  # recorded for the loop's observation of the step
+    draft = auto_policy(cls, flat, do_sample=True, **bound).draft(source, 3, context=context_for(flat))
+    assert draft.tree.max_depth >= 5 and source.calls >= 5
+    assert draft.shape is not None and draft.shape[1] >= 5  # returned for the loop's observation of the step
 
 
 def test_depth_acceptance_learns_alpha():
@@ -444,6 +443,7 @@ def test_draft_free_steps_then_drafting_with_a_feature_drafter(target, prompt, t
     monkeypatch.setattr("hf_treespec.cost.speed_model.load_or_calibrate",
                         lambda m, cache_dir=None, compiled=None: CostCurve.from_json(STEEP.to_json()))
     monkeypatch.setattr("hf_treespec.cost.speed_model.PROBE_BUDGET", 1e9)  # re-probe on the step count alone
+    monkeypatch.delitem(target.__dict__, "_treespec_speed_models", raising=False)  # no curve an earlier test set
     drafter = make_drafter(target, seed=2, target_layers=[0, 2, 3], draft_vocab_size=40)
     drafter.set_draft_vocab(permuted_vocab(40))
     plain = target.generate(prompt, do_sample=False, max_new_tokens=48)

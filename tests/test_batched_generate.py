@@ -17,6 +17,7 @@ from hf_treespec.compat import CACHE_KWARG, output_cache
 from hf_treespec.policies import POLICIES
 from hf_treespec.verifiers import VERIFIERS
 
+from conftest import fixed_budget
 from test_generate_sampling import chi_square_pvalue, exact_law
 
 PROMPTS = [[3, 17, 42, 8, 8, 21], [5, 9, 33, 2], [11, 40, 7, 7, 19]]
@@ -49,7 +50,8 @@ GREEDY_POLICIES = ["chain", "eagle2", "optimal", "salf", "dyspec", "iid", "swor"
 def test_greedy_rows_equal_single_prompt_generate(target, drafters, policy):
     ids, mask = left_padded()
     out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=25, pad_token_id=PAD,
-                          assistant_model=drafters["perturbed"], tree_policy=policy, return_dict_in_generate=True)
+                          assistant_model=drafters["perturbed"], tree_policy=policy, return_dict_in_generate=True,
+                          **fixed_budget(policy))
     for row, prompt in enumerate(PROMPTS):
         assert torch.equal(new_tokens(out.sequences, row, ids.shape[1]), single(target, prompt, do_sample=False,
                                                                                 max_new_tokens=25)), row
@@ -217,6 +219,7 @@ def test_batch_where_no_tree_pays_runs_no_policy_and_equals_plain(target, drafte
     generate, a prefix-reading processor (no-repeat n-grams) and a custom EOS included."""
     monkeypatch.setenv("HF_TREESPEC_CACHE", str(tmp_path))
     monkeypatch.setattr("hf_treespec.cost.speed_model.load_or_calibrate", lambda m, cache_dir=None, compiled=None: steep_curve())
+    monkeypatch.delitem(target.__dict__, "_treespec_speed_models", raising=False)  # no curve an earlier test set
     ids, mask = left_padded()
     refs = [single(target, p, do_sample=False, max_new_tokens=30) for p in PROMPTS]
     eos = int(refs[1][7])
@@ -224,8 +227,8 @@ def test_batch_where_no_tree_pays_runs_no_policy_and_equals_plain(target, drafte
     plain = target.generate(ids, attention_mask=mask, **kwargs)
     calls = []
     salf = hf_treespec.policies.POLICIES.get("salf")
-    original = salf.build
-    monkeypatch.setattr(salf, "build",
+    original = salf.grow
+    monkeypatch.setattr(salf, "grow",
                         lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
     out = target.generate(ids, attention_mask=mask, **kwargs, assistant_model=drafters["copy"], tree_policy="salf",
                           tree_budget="auto", return_dict_in_generate=True)

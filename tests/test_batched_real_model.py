@@ -11,6 +11,8 @@ import hf_treespec
 from hf_treespec.assets import default_drafter, load_questions, load_target
 from hf_treespec.benchmark.batched import left_pad
 
+from conftest import fixed_budget
+
 POLICIES = ["chain", "eagle2", "optimal", "salf", "c2t", "dyspec", "static", "iid", "swor", "delayed", "nde"]
 NEW_TOKENS = 16
 
@@ -36,7 +38,8 @@ def test_every_policy_rows_equal_single_prompt_generate(setup, policy):
     model, _, drafter, prompts, singles, pad = setup
     ids, mask = left_pad(prompts, pad)
     out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=pad,
-                         assistant_model=drafter, tree_policy=policy, return_dict_in_generate=True)
+                         assistant_model=drafter, tree_policy=policy, return_dict_in_generate=True,
+                         **fixed_budget(policy))  # trees on every step: auto may find none pays on this machine
     for row, single in enumerate(singles):
         got = out.sequences[row, ids.shape[1]:]
         assert torch.equal(got[: single.numel()], single), (policy, row)

@@ -8,6 +8,8 @@ from hf_treespec.compat import CACHE_KWARG, output_cache
 from hf_treespec.drafters import as_drafter
 from hf_treespec.tree import DraftTree
 
+from conftest import fixed_budget
+
 POLICIES = ["chain", "eagle2", "optimal", "salf"]
 DRAFTERS = ["random", "copy", "perturbed", "truncated"]
 
@@ -233,6 +235,6 @@ def test_prompt_lookup_drafter_proposes_continuations_and_stays_exact(target):
         if policy == "nde":  # needs a trained selector: test_nde.py covers it
             continue
         out = target.generate(ids, do_sample=False, max_new_tokens=40, assistant_model=prompt_lookup(target),
-                              tree_policy=policy, return_dict_in_generate=True)
+                              tree_policy=policy, return_dict_in_generate=True, **fixed_budget(policy))
         assert torch.equal(out.sequences, ref), policy
     assert max(out.accepted_lengths) > 1  # the tiny model repeats itself: lookup drafts get accepted

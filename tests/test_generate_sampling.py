@@ -10,6 +10,8 @@ import pytest
 import torch
 from scipy.stats import chi2
 
+from conftest import fixed_budget
+
 PROMPT = torch.tensor([[3, 17, 42, 8, 8, 21]])
 WARP = dict(do_sample=True, temperature=1.2, top_k=3)
 
@@ -55,7 +57,7 @@ def test_three_token_law_is_preserved(target, drafters, policy, verifier):
     counts: dict = {}
     for _ in range(n):
         out = target.generate(PROMPT, max_new_tokens=3, assistant_model=drafters["perturbed"], tree_policy=policy,
-                              verifier=verifier, tree_depth=3, **WARP)
+                              verifier=verifier, tree_depth=3, **WARP, **fixed_budget(policy))  # trees every step
         cell = tuple(out[0, -3:].tolist())
         counts[cell] = counts.get(cell, 0) + 1
     assert chi_square_pvalue(counts, law, n) > 1e-3

@@ -9,9 +9,11 @@ from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
 from hf_treespec.drafters import prompt_lookup
 from hf_treespec.generation.draft_source import WarpedDraftSource
 from hf_treespec.policies import POLICIES, DraftSource, StepContext
-from hf_treespec.policies.base import draft_greedy_chain, topk_children
+from hf_treespec.policies.base import answer_from, draft_greedy_chain, topk_children
 from hf_treespec.tree import DraftTree
 from hf_treespec.verifiers.greedy import GreedyVerifier
+
+from conftest import fixed_budget
 
 
 class _Config:
@@ -94,7 +96,8 @@ def test_short_context_and_unseen_suffix():
     assert values.shape == tokens.shape == (1, 0)
     source = WarpedDraftSource(drafter, LogitsProcessorList(), torch.tensor([[4, 5]]))
     for policy in ("chain", "optimal", "salf", "eagle2"):
-        assert POLICIES.get(policy)().build(source, 5, context=StepContext(5)).num_nodes == 1, policy
+        assert POLICIES.get(policy)(**fixed_budget(policy)).build(source, 5, context=StepContext(5)).num_nodes == 1, \
+            policy
 
 
 @pytest.mark.parametrize("k", [1, 2, 9])
@@ -127,8 +130,8 @@ def test_greedy_chain_equals_depth_by_depth_expansion(min_n):
         drafter.start(prefix)
         source = WarpedDraftSource(drafter, LogitsProcessorList(), prefix[None])
         root = int(torch.randint(0, _Config.vocab_size, (1,), generator=gen))
-        fast = draft_greedy_chain(source, DraftTree.root(root), 0, 6)
-        slow = draft_greedy_chain(LogprobsOnly(source), DraftTree.root(root), 0, 6)
+        fast = answer_from(source, draft_greedy_chain(DraftTree.root(root), 0, 6, source.capabilities))
+        slow = answer_from(LogprobsOnly(source), draft_greedy_chain(DraftTree.root(root), 0, 6, frozenset()))
         assert torch.equal(fast.tokens, slow.tokens), trial
         assert torch.equal(fast.parents, slow.parents) and torch.equal(fast.depth, slow.depth)
         torch.testing.assert_close(fast.scores, slow.scores)
@@ -164,7 +167,7 @@ def test_sparse_children_build_the_dense_tree(policy):
     assert fast.num_nodes > 3
     assert torch.equal(fast.tokens, slow.tokens) and torch.equal(fast.parents, slow.parents)
     torch.testing.assert_close(fast.scores, slow.scores)
-    values, tokens = topk_children(source, fast, torch.tensor([1]), 3)
+    values, tokens = answer_from(source, topk_children(fast, torch.tensor([1]), 3, source.capabilities))
     ref = reference_continuations(prefix.tolist(), path_tokens(fast, 1), 2)
     assert tokens[0, torch.isfinite(values[0])].tolist() == sorted(ref, key=lambda t: (-ref[t], t))[:3]
 

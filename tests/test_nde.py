@@ -96,7 +96,7 @@ def test_nde_needs_a_selector_and_declares_the_iid_regime(tmp_path):
     assert policy.regime_for() == Regime.IID and verifier.name == "specinfer"
     assert "latencies" in policy.context_needs
     with pytest.raises(ValueError, match="target's probabilities"):
-        policy.build(None, 3, context=StepContext(3))
+        policy.build(FakeSource(), 3, context=StepContext(3))
 
 
 # ------------------------------------------------------------------------------------------------ policy
@@ -383,6 +383,21 @@ def _rows(fn, tree, nodes):
 class ToySource(DraftSource):
     def logprobs(self, tree, nodes):
         return _rows(toy_q, tree, nodes).log()
+
+
+def test_branching_laws_are_their_own_protocol():
+    """Only the NDE data reads branching laws: `Verifier` has none, the six top-down verifiers with a closed form
+    implement `BranchingLaw`, and asking another verifier for one says which have one."""
+    from hf_treespec.verifiers import VERIFIERS
+    from hf_treespec.verifiers.base import Verifier
+    from hf_treespec.verifiers.branching import BranchingLaw, branching_law, laws
+
+    assert not any(hasattr(Verifier, name) for name in ("branching", "branching_rows", "branching_columns"))
+    assert laws() == ["greedy", "khisti_priority", "naivetree", "nss", "specinfer", "spectr"]
+    assert all(isinstance(branching_law(name), BranchingLaw) and isinstance(branching_law(name), VERIFIERS.get(name))
+               for name in laws())
+    with pytest.raises(ValueError, match="traversal.*no closed-form branching law.*specinfer"):
+        branching_law("traversal")
 
 
 @pytest.mark.parametrize("verifier", ["specinfer", "naivetree", "nss", "greedy", "spectr", "khisti_priority"])

@@ -1,5 +1,5 @@
-"""The loop's hooks around `TreePolicy.build`: ``setup`` once per generate call, ``observe`` once per verified step
-(a batch step is ONE outcome covering every row), ``may_draft`` False runs a plain step without calling ``build``."""
+"""The loop's hooks around `TreePolicy.grow`: ``setup`` once per generate call, ``observe`` once per verified step
+(a batch step is ONE outcome covering every row), ``may_draft`` False runs a plain step without calling ``grow``."""
 
 import pytest
 import torch
@@ -14,7 +14,7 @@ from test_batched_generate import PAD, left_padded
 def recording_policy():
     """A chain policy that records its hook calls; it drafts only at even context lengths (a batch asks once per
     step, at its shortest row)."""
-    calls = {"setup": [], "observe": [], "build": 0}
+    calls = {"setup": [], "observe": [], "grow": 0}
 
     @POLICIES.register("recording_chain")
     class RecordingChain(ChainPolicy):
@@ -28,9 +28,9 @@ def recording_policy():
         def may_draft(self, context_length):
             return context_length % 2 == 0
 
-        def build(self, source, root_token, *, context, generator=None):
-            calls["build"] += 1
-            return super().build(source, root_token, context=context, generator=generator)
+        def grow(self, root_token, *, context, capabilities=frozenset(), generator=None):
+            calls["grow"] += 1
+            return super().grow(root_token, context=context, capabilities=capabilities, generator=generator)
 
     yield calls
     POLICIES.unregister("recording_chain")
@@ -47,7 +47,7 @@ def test_single_sequence_hooks(target, drafters, prompt, recording_policy):
     assert len(outcomes) == len(out.accepted_lengths)  # one per verified step (the last may stop early)
     assert all(len(o.trees) == 1 and len(o.accepted) == 1 for o in outcomes)
     drafted = [o for o in outcomes if o.trees[0].num_nodes > 1]
-    assert calls["build"] == len(drafted) > 0  # build ran exactly where may_draft allowed it
+    assert calls["grow"] == len(drafted) > 0  # growth ran exactly where may_draft allowed it
     assert all(o.contexts[0].context_length % 2 == 0 for o in drafted)
     assert all(o.draft_rounds == 0 for o in outcomes if o.trees[0].num_nodes == 1)
 

@@ -215,7 +215,7 @@ def test_talf_trees_match_the_policy_and_the_target(target, talf_data):
             prefix = row["input_ids"][: position + 1]
             assert tokens[0] == prefix[-1]
             # the lockstep batch reproduces the policy run alone with an unbatched target
-            reference = POLICIES.get("eagle2")(tree_topk=4, tree_depth=3).build(
+            reference = POLICIES.get("eagle2")(tree_topk=4, tree_depth=3, tree_budget=60).build(
                 DirectSource(target, prefix), prefix[-1], context=StepContext(prefix[-1]))
             expanded = reference.select(reference.num_children() > 0)
             assert tokens == expanded.tokens.tolist() and parents == expanded.parents.tolist()

@@ -15,7 +15,8 @@ from ..policies import POLICIES
 KWARG_DOCS: dict[str, str] = {
     "tree_policy": "how the draft tree is grown: " + "see hf_treespec.list_policies()",
     "verifier": "how the target verifies it; default 'greedy' (do_sample=False) or the policy's sampling verifier",
-    "tree_budget": "N, number of draft nodes per step (root excluded)",
+    "tree_budget": "N, number of draft nodes per step (root excluded), or 'auto': sized per step by measured cost "
+    "(the default of 'salf', 'optimal' and 'eagle2'; the only value 'iid' and 'swor' take)",
     "tree_depth": "maximum tree depth (chain length for 'chain')",
     "tree_topk": "k, children per expanded node (EAGLE-2 beam width)",
     "salf_batch": "B, nodes expanded per SALF / optimal iteration",

@@ -27,14 +27,15 @@ class WarpedDraftSource(DraftSource):
         self.capabilities = frozenset() if len(processors) else drafter.capabilities
 
     def logprobs(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
-        logits = self.raw_logits(tree, nodes).to(self.prefix_ids.device)  # host-side drafters answer on the CPU
+        return self.warp(tree, nodes, self.drafter.expand(tree, nodes))
+
+    def warp(self, tree: DraftTree, nodes: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """log q from the drafter's raw logits after ``nodes`` (one draft forward, however it ran: alone, or one
+        row's share of a batched forward in `hf_treespec.generation.drafting.draft_trees`)."""
+        logits = logits.to(self.prefix_ids.device)  # host-side drafters answer on the CPU
         self.num_forwards += 1
         logits = process_tree_logits(self.processors, self.prefix_ids, tree, nodes, logits)
         return torch.log_softmax(logits, dim=-1)
-
-    def raw_logits(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
-        """The drafter's raw logits after ``nodes`` (one draft forward)."""
-        return self.drafter.expand(tree, nodes)
 
     def greedy_chain(self, tree: DraftTree, node: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The drafter's whole-path proposal (see `Drafter.greedy_chain`)."""

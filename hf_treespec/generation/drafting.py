@@ -1,47 +1,99 @@
-"""`draft_trees`: every active row's draft tree for one step, the rows' draft forwards batched into rounds.
+"""`draft_trees`: every row of a batch grows its own tree, and the rows' draft forwards run as ONE drafter forward per
+round (`Drafter.expand_rows`).
 
-The loop's one call for drafting, whatever the batch size: one row runs its policy's ``build`` directly; several rows
-run in lockstep (`lockstep.build_in_lockstep`: one `Drafter.expand_rows` forward answers every row's request of a
-round).
+A policy's growth (`TreePolicy.grow`) is a generator: it yields each draft request and receives the answer, so the
+rows advance in rounds with no threads. A round advances every row still growing, in row order, to its next
+`LogprobsRequest` (a fast-path request, or any other kind, is answered at once from that row's own source), then one
+``expand_rows`` call answers every row's pending request, each answer warped by that row's logits processors exactly
+as `WarpedDraftSource.logprobs` warps it. A row whose growth returns leaves the later rounds. Rows advance in row
+order, so Python state changes and random draws happen in the same order on every run (a seeded run reproduces).
+Only the draft forward is batched: the policies' own bookkeeping stays per row, as their rules are per tree. A batch
+of one is a batch: the same rounds, one row each.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 
-import torch
-
-from ..policies import TreePolicy
+from ..policies.base import Draft, Growth, LogprobsRequest, TreePolicy
+from ..randomness import Randomness
 from ..step_context import StepContext
 from ..tree import DraftTree
 from .draft_source import WarpedDraftSource
-from .lockstep import LockstepDraftSource, build_in_lockstep
 
 
 @dataclass
 class DraftRound:
-    """What drafting handed to verification.
+    """One step's drafting for every row of a batch.
 
     Attributes:
-        trees: one tree per row, root first.
-        shapes: per row, the shape an auto-sized sampled policy chose for its tree (None where none was chosen).
-        rounds: drafter forwards run (one forward drafts every row of a round).
+        trees: each row's tree (the root alone where its policy drafted nothing).
+        shapes: the ``(k, l)`` each row's policy chose (`Draft.shape`; None where it chose none), for `StepOutcome`.
+        rounds: drafter forwards run: the rounds of the batch, counting the fast-path calls a row answered on its
+            own (for one row, every draft call it made).
     """
 
     trees: list[DraftTree]
     shapes: list[tuple[int, int] | None]
     rounds: int
 
+    @classmethod
+    def draft_free(cls, contexts: list[StepContext]) -> "DraftRound":
+        """Every row's root alone, no drafter forward (a step where no tree could pay)."""
+        return cls([DraftTree.root(context.root_token) for context in contexts], [None] * len(contexts), 0)
+
+
+class _Row:
+    """One row's growth, advanced request by request."""
+
+    def __init__(self, growth: Growth, source: WarpedDraftSource):
+        self.growth = growth
+        self.source = source
+        self.answer = None  # what the row's next `send` delivers (None: the first)
+        self.pending: LogprobsRequest | None = None
+        self.draft: Draft | None = None
+
+    def advance(self) -> None:
+        """Runs the growth until it yields a `LogprobsRequest` (left in ``pending``) or returns (``draft``)."""
+        answer, self.answer, self.pending = self.answer, None, None
+        while True:
+            try:
+                request = self.growth.send(answer)
+            except StopIteration as done:
+                self.draft = done.value
+                return
+            if type(request) is LogprobsRequest:
+                self.pending = request
+                return
+            answer = request.answer(self.source)
+
 
 def draft_trees(policy: TreePolicy, sources: list[WarpedDraftSource], contexts: list[StepContext],
-                generator: torch.Generator | None = None) -> DraftRound:
-    """Row ``i``'s tree from ``policy.build(sources[i], contexts[i].root_token, context=contexts[i])``, its draws
-    from ``generator`` (None: torch's global generator), rows in order so a seeded run reproduces."""
-    if len(sources) == 1:  # nothing to batch with: the row's policy runs directly, no thread
-        tree = policy.build(sources[0], contexts[0].root_token, context=contexts[0], generator=generator)
-        return DraftRound([tree], [None], sources[0].num_forwards)
-    lockstep = [LockstepDraftSource(s.drafter, s.processors, s.prefix_ids) for s in sources]
-    builds = [partial(policy.build, root_token=c.root_token, context=c, generator=generator) for c in contexts]
-    trees, rounds = build_in_lockstep(builds, lockstep)
-    return DraftRound(trees, [None] * len(trees), rounds)
+                generator: Randomness = None) -> DraftRound:
+    """Every row's tree from ``policy`` (one growth per row, rooted at ``contexts[i]``), the rows' draft forwards
+    joined into one ``expand_rows`` call per round. The rows' drafters wrap the same model (one adapter type)."""
+    if len(sources) != len(contexts):
+        raise ValueError(f"draft_trees needs one source per context, got {len(sources)} and {len(contexts)}.")
+    before = [source.num_forwards for source in sources]
+    rows = [_Row(policy.grow(context.root_token, context=context, capabilities=source.capabilities,
+                             generator=generator), source) for source, context in zip(sources, contexts)]
+    try:
+        growing = rows
+        while growing:
+            for row in growing:  # one row at a time, in row order
+                row.advance()
+            growing = [row for row in growing if row.draft is None]
+            if not growing:
+                break
+            requests = [(row.source.drafter, row.pending.tree, row.pending.nodes) for row in growing]
+            logits = type(requests[0][0]).expand_rows(requests)
+            for row, raw in zip(growing, logits):
+                row.answer = row.source.warp(row.pending.tree, row.pending.nodes, raw)
+    finally:
+        for row in rows:  # a row left parked in a request (another row failed) ends here
+            row.growth.close()
+    return DraftRound(
+        trees=[row.draft.tree for row in rows],
+        shapes=[row.draft.shape for row in rows],
+        rounds=max((source.num_forwards - count for source, count in zip(sources, before)), default=0),
+    )

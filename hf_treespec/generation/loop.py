@@ -28,7 +28,6 @@ from ..kv.target_kv import target_kv
 from ..kv.tree_kv import to_device
 from ..kv.window import prepare
 from ..step_context import DecodingSetup, StepContext, StepOutcome, sampling_params
-from ..tree import DraftTree
 from .components import (
     TreeSpecGenerateOutput, check_decoder_only, check_drafter, check_text_only, resolve,
     returns_outside_inference_mode,
@@ -153,7 +152,7 @@ class TreeDecodingLoop:
             sources = [WarpedDraftSource(row.drafter, row.processors, row.ids) for row in self.active]
             drafted = draft_trees(self.policy, sources, contexts)
         else:
-            drafted = DraftRound([DraftTree.root(c.root_token) for c in contexts], [None] * len(contexts), 0)
+            drafted = DraftRound.draft_free(contexts)
         self.draft_forwards += drafted.rounds
         self.timer.drafted(drafted.rounds)
         return drafted
@@ -229,6 +228,7 @@ class TreeDecodingLoop:
             trees=drafted.trees, accepted=[v.accepted for v in verdicts], contexts=[row.context for row in self.active],
             width=verification.width, context_length=sum(row.context_length for row in self.active) // len(self.active),
             draft_seconds=timer.step_draft, verify_seconds=timer.step_verify, draft_rounds=drafted.rounds,
+            shapes=drafted.shapes,
         ))
         joined = self.joined(verification.states)
         for slot, (row, tree, verdict) in enumerate(zip(self.active, drafted.trees, verdicts)):

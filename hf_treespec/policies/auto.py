@@ -53,7 +53,6 @@ class TreeSizer:
     context: int
     max_nodes: int = AUTO_MAX_NODES
     expansions: int = 0
-    step: object | None = None  # the step's StepContext, where `choose_shape` records its choice
 
     def __post_init__(self) -> None:
         self.mode = self.speed.step_mode(self.context)
@@ -134,8 +133,8 @@ class TreeSizer:
     def choose_shape(self, nodes_of, max_k: int, max_l: int) -> tuple[int, int] | None:
         """The (k, l) of a sampled tree that maximises expected tokens per second, ``(1 + sum_j alpha_k^j) /
         (l * t_draft + c(nodes_of(k, l) + 1))`` with the per-depth acceptance learned online; None when no shape
-        beats a draft-free step (a probe step then drafts the smallest shape). The choice is recorded on the step's
-        context, so the loop's observation of this step updates the acceptance of that k."""
+        beats a draft-free step (a probe step then drafts the smallest shape). The policy returns its choice with
+        the tree (`Draft.shape`), so the loop's observation of this step updates the acceptance of that k."""
         if self.mode == "skip":
             return None
         acceptance = self.speed.depth_acceptance
@@ -150,8 +149,6 @@ class TreeSizer:
                     best, best_rate = (k, depth), rate
         if best is None and self.mode == "probe":
             best = (1, 1)
-        if self.step is not None:
-            self.step.shape = best
         return best
 
     def prune(self, tree: DraftTree) -> DraftTree:

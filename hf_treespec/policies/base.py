@@ -1,17 +1,24 @@
-"""Tree policy interface: how a draft tree is grown. Policies see a draft source and the tree, never a verifier.
+"""Tree policy interface: how a draft tree is grown. Policies see draft answers and the tree, never a verifier.
 
-Every policy implements ONE method, called by the decoding loop once per step::
+Every policy implements ONE method, a generator the decoding loop drives once per step::
 
-    def build(self, source: DraftSource, root_token: int, *, context: StepContext,
-              generator: Randomness = None) -> DraftTree
+    def grow(self, root_token: int, *, context: StepContext, capabilities: frozenset[str] = frozenset(),
+             generator: Randomness = None) -> Growth:
+        tree = DraftTree.root(root_token)
+        logq = yield LogprobsRequest(tree, nodes)      # one draft forward: [len(nodes), V] warped log q
+        ...
+        return Draft(tree, shape)                      # the tree, and the (k, l) an auto-sized sampled policy chose
 
-and may override three hooks the loop calls around it: ``setup(DecodingSetup)`` once per generate call,
-``observe(StepOutcome)`` after every verified step (transformers' ``update_candidate_strategy``), and
-``may_draft(context_length)`` before a step (False: the step is a plain one, no build). Their defaults implement
-``tree_budget="auto"``: the policy owns a `SpeedModel`, sizes trees with it and learns from every step.
+Growth yields typed requests (`LogprobsRequest`; the fast paths `GreedyChainRequest` / `TopkRequest` when
+``capabilities`` declares them, through the helpers `draft_greedy_chain` / `topk_children` / `sibling_sequence`,
+used as ``tree = yield from draft_greedy_chain(...)``) and receives their answers. The loop answers one request per
+row of a batch with one batched drafter forward (`hf_treespec.generation.drafting.draft_trees`); `TreePolicy.build`
+answers them from one `DraftSource` (tests, trainers, a policy driven by hand). A policy may also override three
+hooks the loop calls around growth: ``setup(DecodingSetup)`` once per generate call, ``observe(StepOutcome)`` after
+every verified step (transformers' ``update_candidate_strategy``), and ``may_draft(context_length)`` before a step
+(False: the step is a plain one, no growth). Their defaults implement ``tree_budget="auto"``: the policy owns a
+`SpeedModel`, sizes trees with it and learns from every step.
 
-* ``source.logprobs(tree, nodes)`` is the only way to reach the drafter (one draft forward per call). Fast paths
-  are declared in ``source.capabilities``; use `draft_greedy_chain` / `topk_children` rather than calling them.
 * ``context`` (`StepContext`) is filled by the loop every step: ``device``, ``root_token``, ``context_length``,
   ``temperature`` / ``top_p`` and the target's warped probabilities at the root's parent. Facts that cost something
   (the target's hidden state: a hook; latencies: device syncs) are gathered only when the policy lists them in its
@@ -19,16 +26,16 @@ and may override three hooks the loop calls around it: ``setup(DecodingSetup)`` 
 * ``generator``: pass it to every random draw (`hf_treespec.randomness`) so the exact-enumeration tests can drive
   the policy; deterministic policies ignore it.
 * Build trees with ``DraftTree.root(root_token, regime=...)`` and the tree's ``add_*`` / ``select`` methods. The
-  tree's structure is host bookkeeping (CPU tensors): ``add_children`` accepts the draft source's device tensors and
+  tree's structure is host bookkeeping (CPU tensors): ``add_children`` accepts the draft answers' device tensors and
   copies them over once per call, so index the tree with host tensors and keep per-node Python loops off the hot
   path. ``context.device`` is where the models run (for a policy that makes device tensors of its own).
-
-Outside the loop (tests, trainers) call ``policy.build(source, root, context=StepContext(root))``.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Generator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -47,10 +54,11 @@ POLICIES: Registry["TreePolicy"] = Registry("tree policy", plural="tree policies
 
 
 class DraftSource(ABC):
-    """What a policy may ask of the drafter: warped log-probabilities of the children of some nodes, in one forward.
+    """What answers a policy's draft requests for one row: warped log-probabilities of the children of some nodes,
+    in one forward (`LogprobsRequest`).
 
     ``capabilities`` declares the fast paths a source offers (a subset of ``{"greedy_chain", "topk_logprobs"}``);
-    policies call a fast path only when it is declared, through `draft_greedy_chain` / `topk_children`, which fall
+    policies request a fast path only when it is declared, through `draft_greedy_chain` / `topk_children`, which fall
     back to ``logprobs`` otherwise and give the same tree either way:
 
     * ``greedy_chain(tree, node, length) -> (tokens, logprobs)``: the chain of draft argmaxes below ``node``;
@@ -68,6 +76,70 @@ class DraftSource(ABC):
 
     def topk_logprobs(self, tree: DraftTree, nodes: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError(f"{type(self).__name__} does not declare the 'topk_logprobs' capability")
+
+
+@dataclass(frozen=True)
+class LogprobsRequest:
+    """One draft forward: ``[len(nodes), V]`` log q(. | node) after the target's logits processors. The only request
+    the loop batches across rows."""
+
+    tree: DraftTree
+    nodes: torch.Tensor
+
+    def answer(self, source: DraftSource) -> torch.Tensor:
+        return source.logprobs(self.tree, self.nodes)
+
+
+@dataclass(frozen=True)
+class GreedyChainRequest:
+    """Fast path ``"greedy_chain"``: ``(tokens, logprobs)`` of the draft argmax chain below ``node``."""
+
+    tree: DraftTree
+    node: int
+    length: int
+
+    def answer(self, source: DraftSource) -> tuple[torch.Tensor, torch.Tensor]:
+        return source.greedy_chain(self.tree, self.node, self.length)
+
+
+@dataclass(frozen=True)
+class TopkRequest:
+    """Fast path ``"topk_logprobs"``: ``(values, tokens)`` of each node's ``k`` best children."""
+
+    tree: DraftTree
+    nodes: torch.Tensor
+    k: int
+
+    def answer(self, source: DraftSource) -> tuple[torch.Tensor, torch.Tensor]:
+        return source.topk_logprobs(self.tree, self.nodes, self.k)
+
+
+@dataclass
+class Draft:
+    """What a policy's growth returns: the tree, and the ``(k, l)`` shape an auto-sized sampled policy chose for it
+    (None otherwise). The shape comes back to ``observe`` in `StepOutcome.shapes`, so the acceptance of that shape is
+    learned."""
+
+    tree: DraftTree
+    shape: tuple[int, int] | None = None
+
+
+#: a policy's tree growth: yields draft requests (``answer(source)`` answers one), receives their answers, returns
+#: the `Draft`
+Growth = Generator[Any, Any, Draft]
+
+
+def answer_from(source: DraftSource, growth: Generator) -> Any:
+    """Runs ``growth`` to the end, answering each of its requests from ``source`` (one row, no batching); returns
+    what it returns (a policy's `Draft`; a helper's own result, e.g. `topk_children`'s)."""
+    answer = None
+    try:
+        while True:
+            answer = growth.send(answer).answer(source)
+    except StopIteration as done:
+        return done.value
+    finally:
+        growth.close()
 
 
 class TreePolicy(ABC):
@@ -164,9 +236,9 @@ class TreePolicy(ABC):
         acceptance of its draft scores and, for a sampled shape, the acceptance per depth of that shape."""
         if self.speed is None:
             return
-        for context, path in zip(outcome.contexts, outcome.accepted):
-            if context.shape is not None:
-                self.speed.depth_acceptance.observe(*context.shape, int(path.numel()) - 1)
+        for shape, path in zip(outcome.shapes, outcome.accepted):
+            if shape is not None:
+                self.speed.depth_acceptance.observe(*shape, int(path.numel()) - 1)
         self.speed.observe_step(
             tree_scores=torch.cat([tree.scores[1:] for tree in outcome.trees]),
             on_path=torch.cat([on_path(tree, path) for tree, path in zip(outcome.trees, outcome.accepted)]),
@@ -194,7 +266,7 @@ class TreePolicy(ABC):
                 f"tree_policy={self.name!r} with tree_budget='auto' sizes trees from measured costs: model.generate "
                 "sets it up; when calling build() directly, set policy.speed = SpeedModel(curve) first."
             )
-        return TreeSizer(self.speed, int(context.context_length), step=context)
+        return TreeSizer(self.speed, int(context.context_length))
 
     @property
     def is_chain(self) -> bool:
@@ -205,35 +277,50 @@ class TreePolicy(ABC):
         return self.regime
 
     @abstractmethod
-    def build(
-        self, source: DraftSource, root_token: int, *, context: StepContext, generator: Randomness = None
-    ) -> DraftTree:
-        """Grows the tree for one decoding step.
+    def grow(
+        self, root_token: int, *, context: StepContext, capabilities: frozenset[str] = frozenset(),
+        generator: Randomness = None,
+    ) -> Growth:
+        """Grows the tree for one decoding step: a generator that yields draft requests, receives their answers and
+        returns the `Draft`.
 
         Args:
-            source: the drafter seen through the target's logits processors (`DraftSource`).
             root_token: the step's root (the last committed token; ``context.root_token`` too).
             context: what the loop knows at the root (`StepContext`): device, context length, sampling settings,
                 plus whatever ``context_needs`` asked for (the target's probabilities at the root's parent, ...).
-                Callers outside the loop pass
-                ``StepContext(root_token, device)``.
+            capabilities: the fast paths the answering side offers (``DraftSource.capabilities``); the helpers
+                `draft_greedy_chain` / `topk_children` yield a fast-path request only when it is declared.
             generator: where random draws come from (torch's global RNG when None; a ``RandomSource`` in the
                 exact-enumeration tests). Deterministic policies ignore it.
         """
 
+    def draft(self, source: DraftSource, root_token: int, *, context: StepContext,
+              generator: Randomness = None) -> Draft:
+        """`grow` answered from one `DraftSource`: the tree and the shape it chose."""
+        growth = self.grow(root_token, context=context, capabilities=source.capabilities, generator=generator)
+        return answer_from(source, growth)
 
-def draft_greedy_chain(source: DraftSource, tree: DraftTree, node: int, length: int) -> DraftTree:
-    """Hangs below ``node`` the chain of draft argmaxes, up to ``length`` tokens, stopping where q has no support.
+    def build(self, source: DraftSource, root_token: int, *, context: StepContext,
+              generator: Randomness = None) -> DraftTree:
+        """The tree `grow` builds with its requests answered from ``source`` (one row; outside the loop:
+        ``policy.build(source, root, context=StepContext(root))``)."""
+        return self.draft(source, root_token, context=context, generator=generator).tree
+
+
+def draft_greedy_chain(tree: DraftTree, node: int, length: int,
+                       capabilities: frozenset[str]) -> Generator[Any, Any, DraftTree]:
+    """Hangs below ``node`` the chain of draft argmaxes, up to ``length`` tokens, stopping where q has no support;
+    returns the tree (``tree = yield from draft_greedy_chain(...)``).
 
     A source that declares ``greedy_chain`` (prompt lookup without logits processors) proposes the whole chain in one
-    call; any other is asked depth by depth. Both give the same tree.
+    request; any other is asked depth by depth. Both give the same tree.
     """
-    if "greedy_chain" in source.capabilities:
-        return tree.add_path(node, *source.greedy_chain(tree, node, length))
+    if "greedy_chain" in capabilities:
+        return tree.add_path(node, *(yield GreedyChainRequest(tree, node, length)))
     current = torch.tensor([node], device=tree.device)
     for _ in range(length):
         # argmax (first on ties), ~3x faster on CPU; both to the host in one copy, where the check reads them
-        logq, token = to_host(*source.logprobs(tree, current).max(dim=-1))
+        logq, token = to_host(*(yield LogprobsRequest(tree, current)).max(dim=-1))
         if not bool(torch.isfinite(logq).all()):  # the drafter has no proposal here
             break
         tree = tree.add_children(current, token, logq)
@@ -241,30 +328,29 @@ def draft_greedy_chain(source: DraftSource, tree: DraftTree, node: int, length: 
     return tree
 
 
-def topk_children(
-    source: DraftSource, tree: DraftTree, nodes: torch.Tensor, k: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(values, tokens)`` ``[len(nodes), <= k]``: each node's ``k`` most likely children under q, best first, -inf
-    where q has fewer tokens (`DraftTree.add_children` drops those). Sparse when the source declares
-    ``topk_logprobs``."""
-    if "topk_logprobs" in source.capabilities:
-        return source.topk_logprobs(tree, nodes, k)
-    logq = source.logprobs(tree, nodes)
+def topk_children(tree: DraftTree, nodes: torch.Tensor, k: int,
+                  capabilities: frozenset[str]) -> Generator[Any, Any, tuple[torch.Tensor, torch.Tensor]]:
+    """Returns ``(values, tokens)`` ``[len(nodes), <= k]``: each node's ``k`` most likely children under q, best
+    first, -inf where q has fewer tokens (`DraftTree.add_children` drops those). Sparse when ``topk_logprobs`` is
+    declared."""
+    if "topk_logprobs" in capabilities:
+        return (yield TopkRequest(tree, nodes, k))
+    logq = yield LogprobsRequest(tree, nodes)
     return logq.topk(min(k, logq.shape[-1]), dim=-1)
 
 
 def sibling_sequence(
-    source: DraftSource, tree: DraftTree, nodes: torch.Tensor, count: int, do_sample: bool,
+    tree: DraftTree, nodes: torch.Tensor, count: int, do_sample: bool, capabilities: frozenset[str],
     generator: Randomness = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Each node's first ``count`` children ``(tokens, log q)`` ``[len(nodes), <= count]`` in sibling order, -inf
-    past q's support, and the rows of q they came from: sampled without replacement when ``do_sample`` (the order
-    of a sampling-without-replacement sequence, which the SWOR verifier tests), the draft's top ranks otherwise (no
-    q to record). Shared by the policies of the without-replacement regime (DySpec, Sequoia's static trees)."""
+) -> Generator[Any, Any, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+    """Returns each node's first ``count`` children ``(tokens, log q)`` ``[len(nodes), <= count]`` in sibling order,
+    -inf past q's support, and the rows of q they came from: sampled without replacement when ``do_sample`` (the
+    order of a sampling-without-replacement sequence, which the SWOR verifier tests), the draft's top ranks otherwise
+    (no q to record). Shared by the policies of the without-replacement regime (DySpec, Sequoia's static trees)."""
     if not do_sample:
-        values, tokens = topk_children(source, tree, nodes, count)
+        values, tokens = yield from topk_children(tree, nodes, count, capabilities)
         return tokens, values, None
-    logq = source.logprobs(tree, nodes)
+    logq = yield LogprobsRequest(tree, nodes)
     probs = logq.exp()
     tokens, valid = without_replacement(probs, count, generator)
     values = logq.gather(1, tokens).masked_fill(~valid, float("-inf"))

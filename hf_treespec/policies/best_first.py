@@ -14,13 +14,13 @@ from __future__ import annotations
 import torch
 
 from ..tree import DraftTree
-from .auto import AUTO_MAX_NODES
-from .base import POLICIES, TreePolicy, topk_children
+from .auto import AUTO, AUTO_MAX_NODES
+from .base import POLICIES, Draft, Growth, TreePolicy, topk_children
 
 
 @POLICIES.register("salf")
 class SALFPolicy(TreePolicy):
-    defaults = {"tree_budget": 60, "tree_depth": None, "salf_batch": 10, "salf_threshold": 0.6}
+    defaults = {"tree_budget": AUTO, "tree_depth": None, "salf_batch": 10, "salf_threshold": 0.6}
     supports_auto = True
 
     def validate(self) -> None:
@@ -31,12 +31,12 @@ class SALFPolicy(TreePolicy):
         if not 0 <= th < 1:
             raise ValueError(f"salf_threshold must be in [0, 1), got {th}.")
 
-    def build(self, source, root_token, *, context, generator=None) -> DraftTree:
+    def grow(self, root_token, *, context, capabilities=frozenset(), generator=None) -> Growth:
         device = torch.device("cpu")  # trees are host bookkeeping (see DraftTree)
         sizer = self.sizer(context) if self.auto_sized else None
         tree = DraftTree.root(root_token, device=device)
         if sizer is not None and not sizer.should_draft():
-            return tree
+            return Draft(tree)
         budget = AUTO_MAX_NODES if sizer is not None else int(self.params["tree_budget"])
         capacity = budget + 1  # G holds the root and N draft nodes
         batch, th = int(self.params["salf_batch"]), float(self.params["salf_threshold"])
@@ -58,7 +58,7 @@ class SALFPolicy(TreePolicy):
                 sizer.expansions += 1
             elif float(tree.scores[expand].exp().sum()) < th:
                 break
-            vals, toks = topk_children(source, tree, expand, capacity)
+            vals, toks = yield from topk_children(tree, expand, capacity, capabilities)
             k = vals.shape[-1]
             tree = tree.add_children(expand[:, None].expand(-1, k).reshape(-1), toks.reshape(-1), vals.reshape(-1))
             in_g = _pad(in_g, tree.num_nodes)
@@ -72,7 +72,7 @@ class SALFPolicy(TreePolicy):
             fresh[best] = True
             tree, in_g, fresh = _cap_g(tree, in_g, fresh, capacity)
         tree = tree.select(in_g.nonzero().squeeze(-1))
-        return sizer.prune(tree) if sizer is not None else tree
+        return Draft(sizer.prune(tree) if sizer is not None else tree)
 
 
 def _pad(mask: torch.Tensor, size: int) -> torch.Tensor:

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from ..tree import DraftTree, to_host
-from .base import POLICIES, TreePolicy
+from .base import POLICIES, Draft, Growth, LogprobsRequest, TreePolicy
 from .helper_model import HelperModelMixin
 
 if TYPE_CHECKING:
@@ -160,7 +160,7 @@ class C2TPolicy(TreePolicy):
                 "hf_treespec.assets.default_drafter(model) does). " + HOW_TO_TRAIN)
         self.classifier = load_classifier(self.params["c2t_classifier"])
 
-    def build(self, source, root_token, *, context, generator=None) -> DraftTree:
+    def grow(self, root_token, *, context, capabilities=frozenset(), generator=None) -> Growth:
         device = torch.device("cpu")  # trees are host bookkeeping (see DraftTree)
         k, depth = int(self.params["tree_topk"]), int(self.params["tree_depth"])
         beta, cap = float(self.params["c2t_threshold"]), int(self.params["c2t_topk"])
@@ -169,7 +169,7 @@ class C2TPolicy(TreePolicy):
         tree = DraftTree.root(root_token, device=device)
         frontier = torch.zeros(1, dtype=torch.long, device=device)
         for level in range(depth):
-            logq = source.logprobs(tree, frontier)
+            logq = yield LogprobsRequest(tree, frontier)
             # entropy and the first top-k on the draft's device; only these [F, k] rows travel to the host tree
             entropy = top_entropy(logq, entropy_top).cpu()
             vals, toks = to_host(*logq.topk(min(k, logq.shape[-1]), dim=-1))  # only these are scored
@@ -187,4 +187,4 @@ class C2TPolicy(TreePolicy):
             start = tree.num_nodes
             tree = tree.add_children(frontier[rows], toks[rows, cols], vals[rows, cols])
             frontier = torch.arange(start, tree.num_nodes, device=device)
-        return tree
+        return Draft(tree)

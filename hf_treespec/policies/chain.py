@@ -14,7 +14,7 @@ import math
 import torch
 
 from ..tree import DraftTree, Regime
-from .base import POLICIES, TreePolicy, draft_greedy_chain
+from .base import POLICIES, Draft, Growth, LogprobsRequest, TreePolicy, draft_greedy_chain
 
 
 @POLICIES.register("chain")
@@ -36,17 +36,17 @@ class ChainPolicy(TreePolicy):
     def regime_for(self) -> str:
         return Regime.IID if self.do_sample else Regime.DETERMINISTIC
 
-    def build(self, source, root_token, *, context, generator=None) -> DraftTree:
+    def grow(self, root_token, *, context, capabilities=frozenset(), generator=None) -> Growth:
         tree = DraftTree.root(root_token, regime=self.regime_for())
         depth = int(self.params["tree_depth"])
         min_prob, min_joint = float(self.params["chain_min_prob"]), float(self.params["chain_min_joint"])
         early_exit = min_prob > 0 or min_joint > 0
         if not self.do_sample and not early_exit:
-            return draft_greedy_chain(source, tree, 0, depth)
+            return Draft((yield from draft_greedy_chain(tree, 0, depth, capabilities)))
         node = torch.zeros(1, dtype=torch.long)
         joint = 0.0  # log joint draft probability of the chain so far
         for _ in range(depth):
-            logq = source.logprobs(tree, node)[0]
+            logq = (yield LogprobsRequest(tree, node))[0]
             if not bool(torch.isfinite(logq).any()):  # the drafter has no proposal here
                 break
             if early_exit:
@@ -63,4 +63,4 @@ class ChainPolicy(TreePolicy):
             if min_joint > 0:  # a host read per level only when the joint probability decides
                 joint += float(logq[token])
             node = torch.tensor([tree.num_nodes - 1])
-        return tree
+        return Draft(tree)

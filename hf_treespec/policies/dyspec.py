@@ -24,7 +24,7 @@ import torch
 from ..randomness import Randomness
 from ..step_context import StepContext
 from ..tree import DraftTree, Regime, to_host
-from .base import POLICIES, DraftSource, TreePolicy, sibling_sequence
+from .base import POLICIES, Draft, Growth, TreePolicy, sibling_sequence
 
 
 @POLICIES.register("dyspec")
@@ -50,9 +50,10 @@ class DySpecPolicy(TreePolicy):
     def is_chain(self) -> bool:
         return int(self.params["tree_budget"]) == 1
 
-    def build(
-        self, source: DraftSource, root_token: int, *, context: StepContext, generator: Randomness = None
-    ) -> DraftTree:
+    def grow(
+        self, root_token: int, *, context: StepContext, capabilities: frozenset[str] = frozenset(),
+        generator: Randomness = None,
+    ) -> Growth:
         """``generator``: where the draws come from (torch's global RNG when None; a RandomSource in exact tests)."""
         device = torch.device("cpu")  # trees are host bookkeeping (see DraftTree)
         budget, threshold = int(self.params["tree_budget"]), float(self.params["dyspec_threshold"])
@@ -62,7 +63,8 @@ class DySpecPolicy(TreePolicy):
         expanded = torch.zeros(1, dtype=torch.bool, device=device)
         frontier = torch.zeros(1, dtype=torch.long, device=device)
         while frontier.numel():
-            tokens, logq, probs = sibling_sequence(source, tree, frontier, budget, self.do_sample, generator)
+            tokens, logq, probs = yield from sibling_sequence(tree, frontier, budget, self.do_sample, capabilities,
+                                                              generator)
             tokens, logq = to_host(tokens, logq)  # [F, <= budget] draws to the host tree (q stays on the device)
             if probs is not None:  # the verifier tests the draws against the q they were sampled from
                 tree = tree.record_draft_probs(frontier, probs)
@@ -92,7 +94,7 @@ class DySpecPolicy(TreePolicy):
             if max_depth is not None:
                 grow &= tree.depth < int(max_depth)
             frontier = grow.nonzero().squeeze(-1)
-        return tree
+        return Draft(tree)
 
     @staticmethod
     def _among_best(draw: torch.Tensor, slot: torch.Tensor, keys: torch.Tensor, budget: int) -> torch.Tensor:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from ..tree import DraftTree
-from .auto import AUTO_MAX_NODES
+from .auto import AUTO, AUTO_MAX_NODES
 from ..tree import top_by_score
-from .base import POLICIES, TreePolicy, topk_children
+from .base import POLICIES, Draft, Growth, TreePolicy, topk_children
 
 
 def add_topk_children(tree: DraftTree, nodes: torch.Tensor, vals: torch.Tensor, toks: torch.Tensor
@@ -22,17 +22,17 @@ def add_topk_children(tree: DraftTree, nodes: torch.Tensor, vals: torch.Tensor, 
 
 @POLICIES.register("eagle2")
 class Eagle2Policy(TreePolicy):
-    defaults = {"tree_budget": 60, "tree_depth": 7, "tree_topk": 10}
+    defaults = {"tree_budget": AUTO, "tree_depth": 7, "tree_topk": 10}
     supports_auto = True
 
-    def build(self, source, root_token, *, context, generator=None) -> DraftTree:
+    def grow(self, root_token, *, context, capabilities=frozenset(), generator=None) -> Growth:
         """With ``tree_budget="auto"`` the beam deepens while the cost rule says the next level can pay, and the final
         rerank keeps the rate-maximising number of nodes (possibly none: a step without drafts)."""
         device = torch.device("cpu")  # trees are host bookkeeping (see DraftTree)
         sizer = self.sizer(context) if self.auto_sized else None
         tree = DraftTree.root(root_token, device=device)
         if sizer is not None and not sizer.should_draft():
-            return tree
+            return Draft(tree)
         k, depth = int(self.params["tree_topk"]), int(self.params["tree_depth"])
         budget = AUTO_MAX_NODES if sizer is not None else int(self.params["tree_budget"])
         frontier = torch.zeros(1, dtype=torch.long, device=device)
@@ -41,10 +41,10 @@ class Eagle2Policy(TreePolicy):
                 if not sizer.worth_expanding(tree, frontier):
                     break
                 sizer.expansions += 1
-            tree, new = add_topk_children(tree, frontier, *topk_children(source, tree, frontier, k))
+            tree, new = add_topk_children(tree, frontier, *(yield from topk_children(tree, frontier, k, capabilities)))
             if new.numel() == 0:  # the drafter has no proposal here
                 break
             beam = tree.scores[new].topk(min(k, new.numel())).indices
             frontier = new[beam.sort().values]
         tree = top_by_score(tree, budget)
-        return sizer.prune(tree) if sizer is not None else tree
+        return Draft(sizer.prune(tree) if sizer is not None else tree)

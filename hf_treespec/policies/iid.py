@@ -10,13 +10,15 @@ expanded node records q(. | node) for the verifier.
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Generator
+from typing import Any
 
 import torch
 
 from ..randomness import Randomness, multinomial_counts
 from ..step_context import StepContext
 from ..tree import DraftTree, Regime
-from .base import POLICIES, DraftSource, TreePolicy
+from .base import POLICIES, Draft, Growth, LogprobsRequest, TreePolicy
 
 
 def add_iid_children(
@@ -32,14 +34,16 @@ def add_iid_children(
 
 
 def grow_iid(
-    tree: DraftTree, source: DraftSource, frontier: torch.Tensor, draws: torch.Tensor, levels: int, record: bool,
-    generator: Randomness = None,
-) -> tuple[DraftTree, torch.Tensor]:
-    """Extends ``draws[i]`` i.i.d. paths from each ``frontier[i]`` by ``levels`` tokens, one draft call per level."""
-    for _ in range(levels):
+    tree: DraftTree, frontier: torch.Tensor, draws: torch.Tensor, levels: int, record: bool,
+    generator: Randomness = None, first: torch.Tensor | None = None,
+) -> Generator[Any, Any, tuple[DraftTree, torch.Tensor]]:
+    """Extends ``draws[i]`` i.i.d. paths from each ``frontier[i]`` by ``levels`` tokens, one draft request per level;
+    returns ``(tree, frontier)``. ``first``: the first level's log q when it is already known (NDE drafted it)."""
+    for level in range(levels):
+        logq = first if level == 0 and first is not None else (yield LogprobsRequest(tree, frontier))
         # a drafter may propose nothing at a node (prompt lookup without a match: every log-prob -inf, softmax NaN);
         # such a node gets no children and q = 0 on record, which no verifier reads for a childless node
-        probs = torch.nan_to_num(source.logprobs(tree, frontier).exp(), nan=0.0)
+        probs = torch.nan_to_num(logq.exp(), nan=0.0)
         draws = torch.where(probs.sum(-1) > 0, draws.to(probs.device), 0)
         if record:
             tree = tree.record_draft_probs(frontier, probs)
@@ -71,21 +75,23 @@ class SampledPathsPolicy(TreePolicy):
     def is_chain(self) -> bool:
         return self.shape()[1] == 1
 
-    def build(
-        self, source: DraftSource, root_token: int, *, context: StepContext, generator: Randomness = None
-    ) -> DraftTree:
+    def grow(
+        self, root_token: int, *, context: StepContext, capabilities: frozenset[str] = frozenset(),
+        generator: Randomness = None,
+    ) -> Growth:
         """With do_sample=False the tree is still sampled (greedy verification is lossless for any tree)."""
         trunk, paths, branch = self.shape()
         tree = DraftTree.root(root_token, regime=self.regime)
+        chosen = None
         if self.auto_sized:  # (k, l) per step by measured cost, the kwargs as upper bounds; None: no drafts
             chosen = self.sizer(context).choose_shape(lambda k, depth: k * depth, paths, branch)
             if chosen is None:
-                return tree
+                return Draft(tree)
             paths, branch = chosen
         one = torch.ones(1, dtype=torch.long)
-        tree, tip = grow_iid(tree, source, one - 1, one, trunk, self.do_sample, generator)
-        tree, _ = grow_iid(tree, source, tip, one * paths, branch, self.do_sample, generator)
-        return tree
+        tree, tip = yield from grow_iid(tree, one - 1, one, trunk, self.do_sample, generator)
+        tree, _ = yield from grow_iid(tree, tip, one * paths, branch, self.do_sample, generator)
+        return Draft(tree, chosen)
 
 
 @POLICIES.register("iid")

@@ -29,6 +29,8 @@ come in named sets (:data:`FEATURE_SETS`, recorded as ``feature_set`` in the sel
 
 from __future__ import annotations
 
+from collections.abc import Generator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -36,7 +38,7 @@ import torch
 from ..randomness import Randomness
 from ..step_context import StepContext
 from ..tree import DraftTree, Regime
-from .base import POLICIES, DraftSource, TreePolicy
+from .base import POLICIES, Draft, DraftSource, Growth, LogprobsRequest, TreePolicy
 from .iid import grow_iid
 from .nde_features import (  # noqa: F401  (re-exported: the features' public names)
     DIVERGENCE_FEATURES, FEATURE_SETS, HIDDEN_FEATURES, LATENCY_FEATURES, SCALAR_FEATURES, FeatureSet,
@@ -51,29 +53,41 @@ if TYPE_CHECKING:
     from ..drafters.base import Drafter
 
 # ------------------------------------------------------------------------------------------------------ policy
-class _PrimedSource(DraftSource):
-    """A `DraftSource` whose first answer, q(. | root), is already known (the selector needed it)."""
+@dataclass(frozen=True)
+class HiddenLogprobsRequest(LogprobsRequest):
+    """`LogprobsRequest` that also captures the drafter's pre-norm last hidden state at ``nodes`` (selectors that
+    read ``draft_hidden``); answered with ``(logprobs, hidden)`` from a source that exposes its drafter. One row
+    only: never batched."""
 
-    def __init__(self, source: DraftSource, root_logprobs: torch.Tensor):
-        self.source = source
-        self._first: torch.Tensor | None = root_logprobs
+    def answer(self, source: DraftSource) -> tuple[torch.Tensor, torch.Tensor]:
+        drafter = getattr(source, "drafter", None)
+        if drafter is None:
+            raise ValueError("this delay selector reads the drafter's hidden state: its draft source must expose "
+                             "the drafter (`.drafter`), as generate's does.")
+        with capture_draft_hidden(drafter) as seen:
+            logprobs = source.logprobs(self.tree, self.nodes)
+        return logprobs, seen[-1]
 
-    def logprobs(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
-        if self._first is not None:
-            if nodes.numel() != 1 or int(nodes[0]) != 0:
-                raise RuntimeError("the primed draft source must first be asked for the root")
-            first, self._first = self._first, None
-            return first
-        return self.source.logprobs(tree, nodes)
+
+@dataclass(frozen=True)
+class KeepSourceRequest:
+    """Answered with the row's `DraftSource` itself (no forward): a selector that reads q at the root's parent drafts
+    it in ``observe`` on the verified tree, before the drafter commits (one row only; `NDEPolicy.setup` refuses a
+    batch)."""
+
+    def answer(self, source: DraftSource) -> DraftSource:
+        return source
 
 
 def grow_delayed(
-    tree: DraftTree, source: DraftSource, action: Action, record: bool, generator: Randomness = None
-) -> DraftTree:
-    """Grows a delayed tree of shape ``action`` from the root of ``tree`` (the ``delayed`` policy's construction)."""
+    tree: DraftTree, action: Action, record: bool, generator: Randomness = None, first: torch.Tensor | None = None
+) -> Generator[Any, Any, DraftTree]:
+    """Grows a delayed tree of shape ``action`` from the root of ``tree`` (the ``delayed`` policy's construction);
+    ``first``: q(. | root) when already drafted."""
     one = torch.ones(1, dtype=torch.long, device=tree.device)
-    tree, tip = grow_iid(tree, source, one - 1, one, action.trunk, record, generator)
-    tree, _ = grow_iid(tree, source, tip, one * action.paths, action.branch, record, generator)
+    tree, tip = yield from grow_iid(tree, one - 1, one, action.trunk, record, generator, first=first)
+    first_branch = first if action.trunk == 0 else None  # an empty trunk: the branches start from the root
+    tree, _ = yield from grow_iid(tree, tip, one * action.paths, action.branch, record, generator, first=first_branch)
     return tree
 
 
@@ -176,27 +190,24 @@ class NDEPolicy(TreePolicy):
             hidden["draft_hidden"] = draft_hidden.detach().float().to(device)
         return self.selector.select(scalars, **hidden)
 
-    def build(
-        self, source: DraftSource, root_token: int, *, context: StepContext, generator: Randomness = None
-    ) -> DraftTree:
+    def grow(
+        self, root_token: int, *, context: StepContext, capabilities: frozenset[str] = frozenset(),
+        generator: Randomness = None,
+    ) -> Growth:
         if context.target_probs is None:
             raise ValueError("tree_policy='nde' picks each tree's shape from the target's probabilities at the "
                              "root's parent: use it through generate(), or pass StepContext(target_probs=...) when "
                              "calling build by hand.")
         tree = DraftTree.root(root_token, regime=self.regime)
+        root = torch.zeros(1, dtype=torch.long)
         draft_hidden = None
         if self.needs_draft_hidden:
-            drafter = getattr(source, "drafter", None)
-            if drafter is None:
-                raise ValueError("this delay selector reads the drafter's hidden state: its draft source must expose "
-                                 "the drafter (`.drafter`), as generate's does.")
-            with capture_draft_hidden(drafter) as seen:
-                root_logprobs = source.logprobs(tree, torch.zeros(1, dtype=torch.long))
-            draft_hidden = seen[-1]
+            root_logprobs, draft_hidden = yield HiddenLogprobsRequest(tree, root)
         else:
-            root_logprobs = source.logprobs(tree, torch.zeros(1, dtype=torch.long))
+            root_logprobs = yield LogprobsRequest(tree, root)
         root_q = root_logprobs[0].exp()
         action = self.choose(context, root_q) if draft_hidden is None else self.choose(context, root_q, draft_hidden)
-        tree = grow_delayed(tree, _PrimedSource(source, root_logprobs), action, self.do_sample, generator)
-        self._last = (tree, source)
-        return tree
+        tree = yield from grow_delayed(tree, action, self.do_sample, generator, first=root_logprobs)
+        if self.needs_parent_q:
+            self._last = (tree, (yield KeepSourceRequest()))
+        return Draft(tree)

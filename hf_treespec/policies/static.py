@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 import torch
 
 from ..tree import DraftTree, Regime, to_host
-from .base import POLICIES, TreePolicy, sibling_sequence
+from .base import POLICIES, Draft, Growth, TreePolicy, sibling_sequence
 
 #: a generic decaying per-rank acceptance profile (an assumption, NOT a measurement: top-1 around 0.6, the tail
 #: falling off); the default shape is Sequoia's for it. Measure your drafter's a_r and get its shape with
@@ -191,7 +191,7 @@ class StaticPolicy(TreePolicy):
     def is_chain(self) -> bool:
         return all(p[-1] == 0 for p in self.shape)
 
-    def build(self, source, root_token, *, context, generator=None) -> DraftTree:
+    def grow(self, root_token, *, context, capabilities=frozenset(), generator=None) -> Growth:
         device = torch.device("cpu")  # trees are host bookkeeping (see DraftTree)
         tree = DraftTree.root(root_token, device=device, regime=self.regime)
         node_of = torch.full((len(self.shape),), -1, dtype=torch.long, device=device)  # shape path -> tree node
@@ -203,7 +203,8 @@ class StaticPolicy(TreePolicy):
                 break
             parents, ranks, level = parents[alive], ranks[alive], level.to(device)[alive]
             expand, row = parents.unique(return_inverse=True)
-            toks, vals, probs = sibling_sequence(source, tree, expand, int(ranks.max()) + 1, self.do_sample, generator)
+            toks, vals, probs = yield from sibling_sequence(tree, expand, int(ranks.max()) + 1, self.do_sample,
+                                                            capabilities, generator)
             if probs is not None:  # the verifier tests each node's draws against the q they were sampled from
                 tree = tree.record_draft_probs(expand, probs)
             toks, vals = to_host(toks, vals)  # [F, <= max rank + 1] sibling sequences to the host tree
@@ -219,4 +220,4 @@ class StaticPolicy(TreePolicy):
             start = tree.num_nodes
             tree = tree.add_children(parents, token, logq)
             node_of[level] = torch.where(finite, start + finite.long().cumsum(0) - 1, torch.full_like(level, -1))
-        return tree
+        return Draft(tree)

@@ -7,7 +7,7 @@ import torch
 from ..randomness import Randomness, without_replacement
 from ..step_context import StepContext
 from ..tree import DraftTree, Regime, to_host
-from .base import POLICIES, DraftSource, TreePolicy
+from .base import POLICIES, Draft, Growth, LogprobsRequest, TreePolicy
 
 
 @POLICIES.register("swor")
@@ -30,19 +30,21 @@ class SWORPolicy(TreePolicy):
     def is_chain(self) -> bool:
         return int(self.params["tree_topk"]) == 1
 
-    def build(
-        self, source: DraftSource, root_token: int, *, context: StepContext, generator: Randomness = None
-    ) -> DraftTree:
+    def grow(
+        self, root_token: int, *, context: StepContext, capabilities: frozenset[str] = frozenset(),
+        generator: Randomness = None,
+    ) -> Growth:
         k, depth = int(self.params["tree_topk"]), int(self.params["tree_depth"])
         tree = DraftTree.root(root_token, regime=self.regime)
+        chosen = None
         if self.auto_sized:
             chosen = self.sizer(context).choose_shape(lambda k, d: k + (d - 1) * k * k, k, depth)
             if chosen is None:
-                return tree
+                return Draft(tree)
             k, depth = chosen
         frontier = torch.zeros(1, dtype=torch.long)
         for level in range(depth):
-            logq = source.logprobs(tree, frontier)
+            logq = yield LogprobsRequest(tree, frontier)
             probs = logq.exp()
             if self.do_sample:
                 tree = tree.record_draft_probs(frontier, probs)
@@ -54,4 +56,4 @@ class SWORPolicy(TreePolicy):
             if level + 1 < depth:
                 new = torch.arange(start, tree.num_nodes)
                 frontier = new[tree.scores[new].topk(min(k, new.numel())).indices.sort().values]
-        return tree
+        return Draft(tree, chosen)

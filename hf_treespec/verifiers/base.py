@@ -4,16 +4,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
-
 import torch
 
 from ..randomness import Randomness, categorical
 from ..registry import Registry
 from ..tree import DraftTree, Regime
-
-if TYPE_CHECKING:
-    from .branching import NodeTable
 
 VERIFIERS: Registry["Verifier"] = Registry("verifier")
 
@@ -47,8 +42,6 @@ class Verifier(ABC):
     chain_only: bool = False
     sampling: bool = True  # False for the T=0 (argmax) verifier
     needs_draft_probs: bool = False
-    #: whether :meth:`branching` gives this verifier's branching law in closed form (NDE training data needs it)
-    has_branching_law: bool = False
 
     @abstractmethod
     def verify(self, tree: DraftTree, target_logits: torch.Tensor, generator: Randomness = None) -> VerifyResult:
@@ -71,23 +64,6 @@ class Verifier(ABC):
         if not self.sampling:  # max().indices is argmax (first maximum on ties), faster over a vocabulary on CPU
             return int(target_logits.max(-1).indices)
         return sample(target_probs(target_logits), generator)
-
-    def branching(self, table: "NodeTable", order: list[int]) -> dict[int, float]:
-        """Probability of entering each child (columns of ``table``, visited in ``order``, a child once per copy)
-        at a node whose p / q are summarised by ``table`` (see `hf_treespec.verifiers.branching`)."""
-        raise NotImplementedError(f"verifier={self.name!r} has no closed-form branching law.")
-
-    #: Verifiers whose :meth:`branching` reads ``NodeTable.columns`` define it as a method
-    #: ``branching_columns(p, q, tokens, k) -> {name: [value per child]}``: per-child values (``tokens``: the node's
-    #: distinct drafted children) for a child list of ``k`` copies, computed from the node's full ``[V]`` p and q with
-    #: the solver's own arithmetic (SpecTr's division factor, Khisti's selection law depend on k and the whole
-    #: vocabulary). None: the law needs no columns.
-    branching_columns: Callable[[torch.Tensor, torch.Tensor, list[int], int], dict[str, list[float]]] | None = None
-
-    def branching_rows(self, copies: int) -> int:
-        """SpecInfer residual rows (p_0 = p, p_j = norm((p_{j-1} - q)+)) :meth:`branching` reads at a node whose
-        child lists hold at most ``copies`` draws."""
-        return 1
 
     # --------------------------------------------------------------------------------------------- compatibility
     @classmethod

@@ -3,17 +3,21 @@
 At an expanded node with drafted children ``x_1..x_k`` (in draw order), a top-down verifier enters child c with some
 probability that depends only on p and q at that node: its *branching probability*. Multiplying them along a path
 gives the exact probability of accepting that path, which is how the NDE training data estimates block efficiency
-without sampling the verifier. Each verifier that has such a law implements ``Verifier.branching`` (and says how many
-SpecInfer residual rows its `NodeTable` needs); this module holds the table they read.
+without sampling the verifier. A verifier that has such a law also implements `BranchingLaw` (beside its
+verification rule, in its own module); this module holds the protocol, the table the laws read, and `branching_law`,
+which finds the law of a registered verifier. Only the NDE training data reads them; decoding never does.
 """
 
 from __future__ import annotations
 
 import functools
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
+
+from .base import VERIFIERS
 
 
 @dataclass
@@ -44,6 +48,41 @@ class NodeTable:
                 raise ValueError("this node table was built without the verifier's branching columns.")
             self.columns[k] = self.column_fn(k)
         return self.columns[k]
+
+
+class BranchingLaw(ABC):
+    """A top-down verifier's branching law in closed form: the probability of entering each drafted child of a node
+    from p and q there. Implemented by the verifiers that have one (mixed into their class)."""
+
+    #: Laws that read ``NodeTable.columns`` define it as a method ``branching_columns(p, q, tokens, k) -> {name:
+    #: [value per child]}``: per-child values (``tokens``: the node's distinct drafted children) for a child list of
+    #: ``k`` copies, computed from the node's full ``[V]`` p and q with the solver's own arithmetic (SpecTr's
+    #: division factor, Khisti's selection law depend on k and the whole vocabulary). None: the law needs no columns.
+    branching_columns: Callable[[torch.Tensor, torch.Tensor, list[int], int], dict[str, list[float]]] | None = None
+
+    @abstractmethod
+    def branching(self, table: NodeTable, order: list[int]) -> dict[int, float]:
+        """Probability of entering each child (columns of ``table``, visited in ``order``, a child once per copy)
+        at a node whose p / q are summarised by ``table``."""
+
+    def branching_rows(self, copies: int) -> int:
+        """SpecInfer residual rows (p_0 = p, p_j = norm((p_{j-1} - q)+)) :meth:`branching` reads at a node whose
+        child lists hold at most ``copies`` draws."""
+        return 1
+
+
+def laws() -> list[str]:
+    """Names of the registered verifiers that have a closed-form branching law."""
+    return sorted(name for name in VERIFIERS if issubclass(VERIFIERS.get(name), BranchingLaw))
+
+
+def branching_law(verifier: str) -> BranchingLaw:
+    """The branching law of the registered verifier ``verifier`` (an instance of it)."""
+    cls = VERIFIERS.get(verifier)
+    if not issubclass(cls, BranchingLaw):
+        raise ValueError(f"verifier={verifier!r} has no closed-form branching law; the top-down verifiers "
+                         f"{laws()} have one (traversal is bottom-up: it has no per-node branching law).")
+    return cls()
 
 
 def node_tables(

@@ -6,6 +6,7 @@ import torch
 
 from ..tree import DraftTree, Regime
 from .base import VERIFIERS, Verifier, VerifyResult
+from .branching import BranchingLaw
 
 
 def deepest_matching_path(tree: DraftTree, choice: torch.Tensor) -> torch.Tensor:
@@ -23,10 +24,9 @@ def deepest_matching_path(tree: DraftTree, choice: torch.Tensor) -> torch.Tensor
 
 
 @VERIFIERS.register("greedy")
-class GreedyVerifier(Verifier):
+class GreedyVerifier(Verifier, BranchingLaw):
     lossless_regimes = frozenset(Regime.ALL)
     sampling = False
-    has_branching_law = True
 
     def branching(self, table, order):
         """T=0: the child equal to argmax p is entered surely."""

@@ -14,6 +14,7 @@ import torch
 
 from ..randomness import bernoulli
 from .base import VERIFIERS, residual, sample
+from .branching import BranchingLaw
 from .topdown import TopDownVerifier, accept_prob, single_draft_law
 
 
@@ -34,13 +35,12 @@ def selection_distribution(p: torch.Tensor, q: torch.Tensor, k: int) -> tuple[to
 
 
 @VERIFIERS.register("khisti_priority")
-class KhistiPriorityVerifier(TopDownVerifier):
+class KhistiPriorityVerifier(TopDownVerifier, BranchingLaw):
     """Select Z = the highest-priority draft, accept it with min(1, p(Z)/r(Z)), else y ~ norm((p - r)+).
 
     Branching law (NDE data): Z is fixed by the multiset, so child c is entered with [c = Z] a_Z + (1 - a_Z) res(c).
     """
 
-    has_branching_law = True
 
     def branching_rows(self, copies: int) -> int:
         return 2  # p and norm((p - q)+), for the nodes with one draft

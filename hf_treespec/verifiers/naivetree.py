@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from ..randomness import bernoulli
 from .base import VERIFIERS, residual, sample
+from .branching import BranchingLaw
 from .topdown import TopDownVerifier, accept_prob, pick
 
 
 @VERIFIERS.register("naivetree")
-class NaiveTreeVerifier(TopDownVerifier):
+class NaiveTreeVerifier(TopDownVerifier, BranchingLaw):
     """Test one draft x with min(1, p(x)/q(x)); on rejection y ~ norm((p - q)+), which may still match another child.
 
     Merged children carry no draw order, so "the first draft" is drawn with probability multiplicity / k, which is
     exactly the law of the first of k i.i.d. draws given the multiset.
     """
 
-    has_branching_law = True
 
     def branching(self, table, order):
         """The first copy with min(1, p / q); else y ~ norm((p - q)+), which may match another child."""

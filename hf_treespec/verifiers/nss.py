@@ -9,12 +9,12 @@ import torch
 
 from ..tree import Regime
 from .base import VERIFIERS, Verifier, VerifyResult, sample, target_probs
+from .branching import BranchingLaw
 
 
 @VERIFIERS.register("nss")
-class NSSVerifier(Verifier):
+class NSSVerifier(Verifier, BranchingLaw):
     lossless_regimes = frozenset(Regime.ALL)
-    has_branching_law = True
 
     def branching(self, table, order):
         """y ~ p, so a child is entered with its target probability."""

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from ..randomness import bernoulli
 from .base import VERIFIERS, residual, sample
+from .branching import BranchingLaw
 from .topdown import TopDownVerifier, accept_prob, pick
 
 
 @VERIFIERS.register("specinfer")
-class SpecInferVerifier(TopDownVerifier):
+class SpecInferVerifier(TopDownVerifier, BranchingLaw):
     """Visits the drafts one copy at a time: accept x with min(1, p(x)/q(x)), else p <- norm((p - q)+), drop the copy.
 
     The copies are visited in a uniformly random arrangement of the multiset (the law of the i.i.d. draw order given
     the multiset), drawn lazily: the next copy is a child with probability proportional to its remaining copies.
     """
 
-    has_branching_law = True
 
     def branching(self, table, order):
         """Copy i (in order) is accepted with min(1, p_i(x) / q(x)) after i rejections; else y ~ p_k."""

@@ -6,6 +6,7 @@ import torch
 
 from ..randomness import bernoulli
 from .base import VERIFIERS, sample
+from .branching import BranchingLaw
 from .topdown import TopDownVerifier, accept_prob, pick
 from .topdown import single_draft_law
 
@@ -40,7 +41,7 @@ def kseq_division_factor(
 
 
 @VERIFIERS.register("spectr")
-class SpecTrVerifier(TopDownVerifier):
+class SpecTrVerifier(TopDownVerifier, BranchingLaw):
     """Each of the k draft copies is accepted independently with min(1, p(x) / (rho* q(x))); the first accepted copy in
     the i.i.d. order wins (given the multiset: a uniformly random accepted copy). If none is accepted,
     y ~ norm((p - gamma min(p / rho*, q))+) with gamma = p_acc / beta, which removes exactly the mass accepted above.
@@ -50,7 +51,6 @@ class SpecTrVerifier(TopDownVerifier):
     prod_{j<i}(1 - a_j) a_i, a = min(1, p / (rho* q)); if none is accepted the child c comes from the residual.
     """
 
-    has_branching_law = True
 
     def solve(self, p, q, tokens, counts, generator) -> int:
         k = int(counts.sum())

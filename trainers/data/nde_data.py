@@ -6,7 +6,7 @@ is taken every ``root_every`` tokens of the generated text. For every root and e
 - the **block efficiency** of Equation 3: 1 + the expected number of accepted draft tokens of a random (k, l1,
   l2)-delayed tree under the chosen top-down verifier. The inner expectation (verification randomness) is exact: a
   node is reached with the product of the verifier's *branching probabilities* (Definition 5.3) along its path, and
-  those are computed in closed form from p and q at each node (``Verifier.branching``). The outer expectation (drafting
+  those are computed in closed form from p and q at each node (``BranchingLaw.branching``). The outer expectation (drafting
   randomness) is the mean over ``num_samples`` delayed trees sampled with the drafter, so the estimate is unbiased
   and only drafting noise remains;
 - the **time** of one step with that action (Equation 11, extended with the tree-size terms that matter on CPUs:
@@ -53,7 +53,7 @@ from hf_treespec.generation.processors import process_tree_logits
 from hf_treespec.policies.nde import Action, action_space, capture_draft_hidden, root_features
 from hf_treespec.randomness import Randomness
 from hf_treespec.tree import DraftTree
-from hf_treespec.verifiers import VERIFIERS
+from hf_treespec.verifiers.branching import laws
 from hf_treespec.kv.window import sliding_layers
 
 from ..evaluation.latency import LatencyModel
@@ -64,12 +64,11 @@ EXTRA_PREFIX = "block_efficiency_"  # column of an extra verifier's block effici
 
 
 def check_verifier(name: str) -> None:
-    """Block-efficiency estimates need the verifier's closed-form branching law (``Verifier.branching``)."""
-    have = sorted(n for n in VERIFIERS if VERIFIERS.get(n).has_branching_law)
-    if name not in have:
+    """Block-efficiency estimates need the verifier's closed-form branching law (`BranchingLaw`)."""
+    if name not in laws():
         raise ValueError(
             f"block-efficiency estimates need closed-form branching probabilities; they exist for the top-down "
-            f"verifiers {have}, not {name!r} (traversal is bottom-up: it has no per-node branching law)."
+            f"verifiers {laws()}, not {name!r} (traversal is bottom-up: it has no per-node branching law)."
         )
 
 
@@ -80,7 +79,7 @@ class NDEDataConfig:
 
     Args:
         paths / trunks / branches: the action space k x l1 x l2 (:func:`~hf_treespec.policies.nde.action_space`).
-        verifier: top-down verifier whose block efficiency is estimated (``Verifier.branching``).
+        verifier: top-down verifier whose block efficiency is estimated (its `BranchingLaw`).
         extra_verifiers: more verifiers estimated on the same trajectories, tries and target forwards (each adds
             only its branching tables), stored as ``block_efficiency_<name>`` columns; ``load_nde_data(...,
             verifier=name)`` reads one of them as the folder's ``block_efficiency``.

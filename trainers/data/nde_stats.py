@@ -9,8 +9,7 @@ from typing import Sequence
 import torch
 
 from hf_treespec.policies.nde import Action
-from hf_treespec.verifiers import VERIFIERS
-from hf_treespec.verifiers.branching import NodeTable
+from hf_treespec.verifiers.branching import NodeTable, branching_law
 
 from .nde_trie import SampledTrees
 
@@ -31,7 +30,7 @@ def action_stats(trees: SampledTrees, tables: dict[int, NodeTable], actions: Seq
 
     Per sample, the trunk's reach probabilities are computed once, and per (trunk length, k) the branch tree's
     per-depth reach sums once for all l2 (an action's tree is the first k paths truncated to depth l2)."""
-    branching = VERIFIERS.get(verifier)().branching
+    branching = branching_law(verifier).branching
     tokens = trees.trie.tokens.tolist()
     n = trees.trunk.shape[0]
     max_branch = trees.branches.shape[-1] - 1

@@ -10,8 +10,7 @@ import torch
 
 from hf_treespec.randomness import RandomSource, Randomness, categorical
 from hf_treespec.tree import DraftTree, Regime
-from hf_treespec.verifiers import VERIFIERS
-from hf_treespec.verifiers.branching import NodeTable, node_tables
+from hf_treespec.verifiers.branching import NodeTable, branching_law, node_tables
 
 #: a draft / target callable: ``(tree, nodes) -> [len(nodes), V]`` warped probabilities
 ProbsFn = Callable[[DraftTree, torch.Tensor], torch.Tensor]
@@ -110,7 +109,7 @@ def trie_tables(trees: SampledTrees, target: ProbsFn, verifier: str, max_paths: 
     for u, x in zip(trie.parents.tolist(), trie.tokens.tolist()):
         if u >= 0:
             kids.setdefault(u, []).append(x)
-    solver = VERIFIERS.get(verifier)()
+    solver = branching_law(verifier)
     depth_of = solver.branching_rows
     columns = solver.branching_columns  # None when the verifier's law reads no per-child columns
     copies = max_copies(trees).tolist()

@@ -45,6 +45,10 @@ STORAGE_DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float16":
                                           "float32": torch.float32}
 
 
+#: draft nodes of a target tree whose policy would otherwise size it per machine (the N = 60 of EAGLE-2 and SALF)
+TARGET_TREE_BUDGET = 60
+
+
 @dataclass
 class PrepareConfig:
     """What ``prepare_dataset`` extracts. Saved next to the chunks; a rerun must use the same values.
@@ -102,9 +106,14 @@ class PrepareConfig:
         return -1 not in self.target_layers
 
     def make_policy(self) -> TreePolicy | None:
+        """The policy that grows the target trees. A policy whose ``tree_budget`` defaults to ``"auto"`` (sized by
+        the decoding machine's measured cost) gets the papers' fixed `TARGET_TREE_BUDGET` unless ``tree_params``
+        names one: a training tree has no machine to be sized for."""
         if self.tree_policy is None:
             return None
-        return POLICIES.get(self.tree_policy)(do_sample=False, **self.tree_params)
+        cls = POLICIES.get(self.tree_policy)
+        fixed = {"tree_budget": TARGET_TREE_BUDGET} if cls.defaults.get("tree_budget") == "auto" else {}
+        return cls(do_sample=False, **{**fixed, **self.tree_params})
 
 
 def encode_tensor(tensor: torch.Tensor, dtype: torch.dtype) -> bytes:

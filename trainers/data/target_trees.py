@@ -5,17 +5,16 @@ policy a drafter uses at inference (EAGLE-2 beam, k=4, depth 3), and stores the 
 every expanded node. Growing the trees one position at a time would cost a target forward per position and depth, so
 the policies of ``hf_treespec.policies`` are run *in lockstep* over all positions instead:
 
-- :class:`ReplaySource` is the policy's draft source. It answers log-prob requests from what the target already
-  computed and raises :class:`NeedLogprobs` at the first request it cannot answer.
-- Every round, each unfinished policy is re-run from the start (policies are deterministic, so the answered requests
-  replay exactly) up to its next request. All requests of the round are answered by ONE target forward over the
-  requested nodes of every position, reusing the KV cache of the sequence forward: each node attends to its
-  position's prefix and to its own tree ancestors (a 4D float mask from :func:`hf_treespec.attention.float_mask`),
-  at position id ``root + depth``.
+- Every round, each unfinished policy's growth (``TreePolicy.grow``, a generator) advances to its next draft
+  request. All requests of the round are answered by ONE target forward over the requested nodes of every position,
+  reusing the KV cache of the sequence forward: each node attends to its position's prefix and to its own tree
+  ancestors (a 4D float mask from :func:`hf_treespec.attention.float_mask`), at position id ``root + depth``.
+- :class:`AnswerSource` is the policy's draft source: it turns the round's recorded target answer into the request's
+  answer.
 
-The number of rounds is the policy's number of draft calls (3 for EAGLE-2 depth 3); the replays only redo cheap tree
-bookkeeping. Answers keep the target's top ``answer_topk`` log-probs per node (the policies only rank the best few
-children; a full 49k-row table per node would not fit in memory for hundreds of positions).
+The number of rounds is the policy's number of draft calls (3 for EAGLE-2 depth 3). Answers keep the target's top
+``answer_topk`` log-probs per node (the policies only rank the best few children; a full 49k-row table per node would
+not fit in memory for hundreds of positions).
 """
 
 from __future__ import annotations
@@ -29,34 +28,29 @@ from hf_treespec.attention import float_mask
 from hf_treespec.compat import CACHE_KWARG
 from hf_treespec.features import capture_hidden_states
 from hf_treespec.policies import DraftSource, StepContext, TreePolicy
+from hf_treespec.policies.base import Draft, Growth
 from hf_treespec.tree import DraftTree
 from hf_treespec.kv.window import sliding_layers
 
 
-class NeedLogprobs(Exception):
-    """Raised by :class:`ReplaySource` where a policy asks for log-probs the target has not computed yet."""
-
-    def __init__(self, tree: DraftTree, nodes: torch.Tensor):
-        super().__init__("target log-probs needed")
-        self.tree, self.nodes = tree, nodes
-
-
-class ReplaySource(DraftSource):
-    """A policy draft source (``logprobs(tree, nodes)``) that replays recorded target answers, then stops the policy."""
+class AnswerSource(DraftSource):
+    """A policy draft source (``logprobs(tree, nodes)``) whose answer to each request is the one recorded for it (the
+    round's forward appends it to ``answers`` before the request is answered)."""
 
     def __init__(self, vocab_size: int):
         self.vocab_size = vocab_size
         self.answers: list[tuple[torch.Tensor, torch.Tensor]] = []  # (values, token ids) [len(nodes), top]
         self.calls = 0
 
-    def rewind(self) -> None:
-        self.calls = 0
+    def recorded(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next recorded answer, in request order."""
+        if self.calls == len(self.answers):
+            raise RuntimeError("a policy request was answered before the round's forward recorded its answer")
+        self.calls += 1
+        return self.answers[self.calls - 1]
 
     def logprobs(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
-        if self.calls == len(self.answers):
-            raise NeedLogprobs(tree, nodes)
-        values, ids = self.answers[self.calls]
-        self.calls += 1
+        values, ids = self.recorded()
         out = torch.full((ids.shape[0], self.vocab_size), float("-inf"), device=tree.device)
         return out.scatter_(1, ids.to(tree.device), values.to(tree.device))
 
@@ -93,7 +87,8 @@ class TargetTree:
 @dataclass
 class _Growing:
     root: TreeRoot
-    source: ReplaySource
+    source: AnswerSource
+    growth: Growth
     columns: dict[int, int] = field(default_factory=dict)  # node uid -> KV column of its row
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)  # node uid -> pre-norm last hidden state
     answered: set[int] = field(default_factory=set)  # uids of expanded nodes
@@ -127,20 +122,37 @@ def grow_target_trees(
             "columns index). Prepare flat data (--tree-policy none) and train with EAGLE or HASS."
         )
     vocab = model.config.get_text_config().vocab_size
-    states = [_Growing(root, ReplaySource(vocab)) for root in roots]
+    states = []
+    for root in roots:
+        source = AnswerSource(vocab)
+        growth = policy.grow(root.token, context=StepContext(root.token), capabilities=source.capabilities)
+        states.append(_Growing(root, source, growth))
+    advance = {id(state): None for state in states}  # what each growth's next `send` delivers
     pending = list(states)
     while pending:
         requests: list[tuple[_Growing, DraftTree, torch.Tensor]] = []
+        asked = []
         for state in pending:
-            state.source.rewind()
-            try:
-                state.tree = policy.build(state.source, state.root.token, context=StepContext(state.root.token))
-            except NeedLogprobs as need:
-                requests.append((state, need.tree, need.nodes.cpu().long()))
+            request = next_request(state.growth, advance[id(state)])
+            if isinstance(request, Draft):
+                state.tree = request.tree
+                continue
+            requests.append((state, request.tree, request.nodes.cpu().long()))
+            asked.append(request)
         pending = [state for state, _, _ in requests]
         if requests:
             _answer(model, cache, requests, answer_topk)
+        for state, request in zip(pending, asked):
+            advance[id(state)] = request.answer(state.source)
     return [_finish(state) for state in states]
+
+
+def next_request(growth: Growth, answer):
+    """``growth``'s next draft request after receiving ``answer``, or its `Draft` once it returns."""
+    try:
+        return growth.send(answer)
+    except StopIteration as done:
+        return done.value
 
 
 def _answer(model, cache: DynamicCache, requests, answer_topk: int) -> None:

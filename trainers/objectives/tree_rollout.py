@@ -4,8 +4,8 @@ GTO (docs/algorithms.md) needs, at every sampled position of a training batch, t
 there with the inference policy, and the target's probability of every tree node given its path. Both are batched:
 
 - :func:`grow_drafter_trees` runs the inference policies of ``hf_treespec.policies`` *in lockstep* over all positions,
-  with the replay technique of :mod:`.target_trees`: every round, each unfinished policy replays its answered draft
-  requests and stops at its next one; ONE drafter forward then answers the requests of every position. Nodes attend to
+  as :mod:`.target_trees` does: every round, each unfinished policy's growth advances to its next draft request; ONE
+  drafter forward then answers the requests of every position. Nodes attend to
   their root's prefix in the drafter's context pass and to their own tree ancestors of earlier rounds (a 4D float
   mask from :func:`hf_treespec.attention.float_mask`), at position id ``root column + depth``, reading their parent's
   output feature -- the layout of the inference adapter and of :func:`.unroll.unroll`.
@@ -27,24 +27,22 @@ import torch
 from hf_treespec.attention import float_mask
 from hf_treespec.compat import CACHE_KWARG, output_cache
 from hf_treespec.policies import TreePolicy
+from hf_treespec.policies.base import Draft
 from hf_treespec.step_context import StepContext
 from hf_treespec.tree import DraftTree
 from hf_treespec.kv.window import sliding_layers
 
-from ..data.target_trees import NeedLogprobs, ReplaySource
+from ..data.target_trees import AnswerSource, next_request
 
 
-class TopkReplaySource(ReplaySource):
-    """:class:`~.target_trees.ReplaySource` that also answers ``topk_logprobs`` from the recorded sparse answers, so
+class TopkAnswerSource(AnswerSource):
+    """:class:`~.target_trees.AnswerSource` that also answers ``topk_logprobs`` from the recorded sparse answers, so
     policies that rank children never build ``[nodes, vocab]`` rows."""
 
     capabilities = frozenset({"topk_logprobs"})
 
     def topk_logprobs(self, tree: DraftTree, nodes: torch.Tensor, k: int):
-        if self.calls == len(self.answers):
-            raise NeedLogprobs(tree, nodes)
-        values, ids = self.answers[self.calls]
-        self.calls += 1
+        values, ids = self.recorded()
         if k > values.shape[-1]:
             raise ValueError(f"the policy asks for {k} children per node but rollouts keep {values.shape[-1]}; raise "
                              "the rollout top-k.")
@@ -56,7 +54,7 @@ class _Rollout:
     row: int
     column: int  # drafter context column of the root (sequence position - 1)
     token: int
-    source: TopkReplaySource
+    source: TopkAnswerSource
     columns: torch.Tensor  # [uid capacity] KV column of every forwarded node (-1: not forwarded)
     tree: DraftTree | None = None
 
@@ -100,26 +98,31 @@ def grow_drafter_trees(
     tokens = input_ids[rows_dev, columns].cpu()
     vocab = int(drafter.config.vocab_size)
     states = [
-        _Rollout(int(r), int(c), int(t), TopkReplaySource(vocab), torch.full((64,), -1, dtype=torch.long))
+        _Rollout(int(r), int(c), int(t), TopkAnswerSource(vocab), torch.full((64,), -1, dtype=torch.long))
         for r, c, t in zip(rows.tolist(), columns.tolist(), tokens.tolist())
     ]
     # drafter output features of forwarded nodes, by row and KV column (context columns: the context pass)
     features = context.hidden_states
     context_len = input_ids.shape[1]
-    pending = list(range(len(states)))
     device = torch.device("cpu")
+    growths = [policy.grow(state.token, context=StepContext(state.token, device=device),
+                           capabilities=state.source.capabilities) for state in states]
+    answers: list = [None] * len(states)  # what each growth's next `send` delivers
+    pending = list(range(len(states)))
     while pending:
-        requests = []
+        requests, asked = [], []
         for index in pending:
-            state = states[index]
-            state.source.rewind()
-            try:
-                state.tree = policy.build(state.source, state.token, context=StepContext(state.token, device=device))
-            except NeedLogprobs as need:
-                requests.append((index, need.tree, need.nodes.cpu().long()))
+            request = next_request(growths[index], answers[index])
+            if isinstance(request, Draft):
+                states[index].tree = request.tree
+                continue
+            requests.append((index, request.tree, request.nodes.cpu().long()))
+            asked.append(request)
         pending = [index for index, _, _ in requests]
         if requests:
             features = _expand(drafter, cache, features, context_len, states, requests, root_values, root_ids, topk)
+        for index, request in zip(pending, asked):
+            answers[index] = request.answer(states[index].source)
     return [state.tree for state in states]
 
 

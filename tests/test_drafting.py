@@ -1,15 +1,20 @@
 """Batched drafting across the rows of a batch: `Drafter.expand_rows` (one forward over rows with their own caches)
-must give every row the logits its own forward gives, and `build_in_lockstep` must join the rows' draft forwards
-into rounds, keep seeded runs reproducible and hand a row's error to the caller without leaving threads behind."""
+must give every row the logits its own forward gives, and `draft_trees` must join the rows' draft forwards into
+rounds without threads, give every row the tree its policy builds alone, keep seeded runs reproducible and hand a
+row's error to the caller."""
 
 import threading
 
 import pytest
 import torch
-from transformers import LogitsProcessorList
+from transformers import LogitsProcessorList, TemperatureLogitsWarper
 
 from hf_treespec.drafters import TargetFeatures, TreeSpecDrafterConfig, TreeSpecDrafterModel, as_drafter
-from hf_treespec.generation.lockstep import LockstepDraftSource, build_in_lockstep
+from hf_treespec.generation.draft_source import WarpedDraftSource
+from hf_treespec.generation.drafting import draft_trees
+from hf_treespec.policies import POLICIES
+from hf_treespec.policies.base import Draft, LogprobsRequest, TreePolicy
+from hf_treespec.step_context import StepContext
 from hf_treespec.tree import DraftTree
 
 from test_batched_generate import PAD, left_padded
@@ -101,28 +106,111 @@ def test_seeded_sampled_batch_reproduces(target, drafters):
     assert torch.equal(runs[0], runs[1])
 
 
-def test_a_rows_error_reaches_the_caller_and_no_thread_is_left(target, drafters):
-    def sources():
-        rows = started(drafters["random"], target, PREFIXES)
-        return [LockstepDraftSource(row, LogitsProcessorList(), torch.tensor([p])) for row, p in zip(rows, PREFIXES)]
+class ScriptedPolicy(TreePolicy):
+    """Row i asks for ``depths[i]`` one-node forwards at the root, then returns; a depth of -1 raises after one."""
 
-    def good(source):
-        tree = DraftTree.root(1)
-        for _ in range(3):
-            source.logprobs(tree, torch.zeros(1, dtype=torch.long))
-        return tree
+    name = "scripted"
 
-    def bad(source):
-        source.logprobs(DraftTree.root(1), torch.zeros(1, dtype=torch.long))
-        raise ValueError("policy failed on purpose")
+    def __init__(self, depths):
+        super().__init__()
+        self.depths = depths
 
-    before = threading.active_count()
+    def grow(self, root_token, *, context, capabilities=frozenset(), generator=None):
+        tree = DraftTree.root(root_token)
+        depth = self.depths[root_token]
+        for _ in range(max(depth, 1)):
+            yield LogprobsRequest(tree, torch.zeros(1, dtype=torch.long))
+            if depth < 0:
+                raise ValueError("policy failed on purpose")
+        return Draft(tree, (1, depth) if depth else None)
+
+
+def row_sources(target, drafters, processors=None):
+    rows = started(drafters["random"], target, PREFIXES)
+    return [WarpedDraftSource(row, processors or LogitsProcessorList(), torch.tensor([p]))
+            for row, p in zip(rows, PREFIXES)]
+
+
+def test_rounds_shapes_and_a_rows_error(target, drafters):
+    contexts = [StepContext(i) for i in range(3)]
+    drafts = draft_trees(ScriptedPolicy([3, 0, 2]), row_sources(target, drafters), contexts)
+    assert drafts.rounds == 3 and [int(t.tokens[0]) for t in drafts.trees] == [0, 1, 2]
+    assert drafts.shapes == [(1, 3), None, (1, 2)]
     with pytest.raises(ValueError, match="on purpose"):
-        build_in_lockstep([good, bad, good], sources())
-    assert threading.active_count() == before
-    trees, rounds = build_in_lockstep([good, lambda source: DraftTree.root(2), good], sources())
-    assert rounds == 3 and [int(t.tokens[0]) for t in trees] == [1, 2, 1]
-    assert threading.active_count() == before
+        draft_trees(ScriptedPolicy([3, -1, 2]), row_sources(target, drafters), contexts)
+
+
+@pytest.mark.parametrize("name,params", [("salf", {"tree_budget": 12}), ("eagle2", {"tree_budget": 10}),
+                                         ("chain", {}), ("dyspec", {"tree_budget": 8}), ("iid", {}),
+                                         ("swor", {}), ("static", {"tree_budget": 8}), ("delayed", {})])
+def test_each_row_gets_the_tree_its_policy_builds_alone(target, drafters, name, params):
+    """Rows drafting together (one forward per round) grow exactly the trees each grows alone with ``build``, the
+    logits processors applied per row. Sampled policies draw in round order, so there a batch of one equals
+    ``build`` under the same seed and a batch of three reproduces under the same seed."""
+    do_sample = name in ("iid", "swor", "delayed", "dyspec")
+    policy = POLICIES.get(name)(do_sample=do_sample, **params)
+    processors = LogitsProcessorList([TemperatureLogitsWarper(0.8)]) if do_sample else None
+    contexts = [StepContext(p[-1]) for p in PREFIXES]
+
+    def same(mine, own):
+        assert torch.equal(mine.tokens, own.tokens) and torch.equal(mine.parents, own.parents)
+        torch.testing.assert_close(mine.scores, own.scores, atol=1e-5, rtol=1e-5)
+
+    def together(rows):
+        torch.manual_seed(3)
+        return draft_trees(policy, row_sources(target, drafters, processors)[:rows], contexts[:rows]).trees
+
+    def alone(rows):
+        torch.manual_seed(3)
+        return [policy.build(source, c.root_token, context=c)
+                for source, c in zip(row_sources(target, drafters, processors)[:rows], contexts)]
+
+    if do_sample:
+        same(together(1)[0], alone(1)[0])
+        for mine, own in zip(together(3), together(3)):
+            same(mine, own)
+        assert sum(t.num_nodes for t in together(3)) > 3
+    else:
+        for mine, own in zip(together(3), alone(3)):
+            same(mine, own)
+
+
+def test_the_documented_policy_drafts_one_sequence_and_a_batch(target, drafters):
+    """docs/policies.md's example policy: exact in a batch of two, two draft forwards a step."""
+
+    @POLICIES.register("two_paths")
+    class TwoPaths(TreePolicy):
+        def grow(self, root_token, *, context, capabilities=frozenset(), generator=None):
+            tree = DraftTree.root(root_token)
+            root = torch.zeros(1, dtype=torch.long)
+            logq = yield LogprobsRequest(tree, root)
+            values, tokens = logq.topk(2, dim=-1)
+            tree = tree.add_children(root.expand(2), tokens[0], values[0])
+            children = torch.tensor([1, 2])
+            best = (yield LogprobsRequest(tree, children)).max(dim=-1)
+            return Draft(tree.add_children(children, best.indices, best.values))
+
+    try:
+        ids, mask = left_padded()
+        plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=12, pad_token_id=PAD)
+        out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=12, pad_token_id=PAD,
+                              assistant_model=drafters["perturbed"], tree_policy="two_paths",
+                              return_dict_in_generate=True)
+    finally:
+        POLICIES.unregister("two_paths")
+    steps = max(len(lengths) for lengths in out.row_accepted_lengths)
+    assert torch.equal(out.sequences, plain) and set(out.tree_sizes) == {4} and out.draft_forwards == 2 * steps
+
+
+def test_no_thread_is_started_during_a_batched_generate(target, drafters, monkeypatch):
+    started_threads = []
+    original = threading.Thread.start
+    monkeypatch.setattr(threading.Thread, "start", lambda self: started_threads.append(self) or original(self))
+    before = threading.active_count()
+    ids, mask = left_padded()
+    target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=8, pad_token_id=PAD,
+                    assistant_model=drafters["perturbed"], tree_policy="salf", tree_budget=8)
+    assert not started_threads and threading.active_count() == before
 
 
 @pytest.mark.parametrize("name", ["greedy", "nss"])
