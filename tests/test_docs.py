@@ -109,6 +109,20 @@ def drafter_folder(tmp_path_factory) -> Path:
     return tiny_drafter_folder(tmp_path_factory.mktemp("docs_drafter"))
 
 
+@pytest.fixture(autouse=True)
+def registries_restored():
+    """A block may register a policy or verifier of its own (docs/policies.md's example does, as a user would); the
+    registries are restored after it, so no other test sees that entry."""
+    from hf_treespec.policies import POLICIES
+    from hf_treespec.verifiers import VERIFIERS
+
+    saved = {registry: dict(registry._entries) for registry in (POLICIES, VERIFIERS)}
+    yield
+    for registry, entries in saved.items():
+        registry._entries.clear()
+        registry._entries.update(entries)
+
+
 @pytest.fixture
 def stand_ins(monkeypatch, tmp_path, drafter_folder):
     """Routes every SmolLM2 load to the tiny stand-ins (module docstring) and runs the block in ``tmp_path``."""
