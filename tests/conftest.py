@@ -16,6 +16,17 @@ VOCAB = 64
 torch.set_num_threads(1)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``slow`` (minutes of compiling or real-model decoding) run only when ``-m`` names them
+    (``-m slow``, ``-m "slow or not slow"``), so the default command stays short; CI runs both sets."""
+    if "slow" in (config.getoption("markexpr") or ""):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not item.get_closest_marker("slow")]
+
+
 def tiny_llama(seed: int = 0, layers: int = 4, sharpen: float = 12.0) -> LlamaForCausalLM:
     """A 4-layer random Llama; the LM head is scaled so distributions are peaked like a real LM's."""
     torch.manual_seed(seed)

