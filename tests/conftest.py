@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
@@ -23,6 +24,20 @@ def fixed_budget(policy: str, nodes: int = 60) -> dict:
     from hf_treespec.policies import POLICIES
 
     return {"tree_budget": nodes} if POLICIES.get(policy).defaults.get("tree_budget") == "auto" else {}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``slow`` (minutes of compiling or real-model decoding) run only when ``-m`` names them
+    (``-m slow``, ``-m "slow or not slow"``) or the command line names the test itself (``file.py::test``), so the
+    default command stays short; CI runs both sets."""
+    if re.search(r"\bslow\b", config.getoption("markexpr") or ""):
+        return
+    named = [arg.replace("\\", "/") for arg in config.args if "::" in arg]
+    skipped = [item for item in items if item.get_closest_marker("slow")
+               and not any(item.nodeid.startswith(arg) or arg.endswith(item.nodeid) for arg in named)]
+    if skipped:
+        config.hook.pytest_deselected(items=skipped)
+        items[:] = [item for item in items if item not in skipped]
 
 
 def tiny_llama(seed: int = 0, layers: int = 4, sharpen: float = 12.0) -> LlamaForCausalLM:

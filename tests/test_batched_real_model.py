@@ -14,6 +14,8 @@ from hf_treespec.benchmark.batched import left_pad
 from conftest import fixed_budget
 
 POLICIES = ["chain", "eagle2", "optimal", "salf", "c2t", "dyspec", "static", "iid", "swor", "delayed", "nde"]
+#: the policy the default test command checks here; the others (about a minute each on 2 cores) run under -m slow
+DEFAULT_POLICY = "salf"
 NEW_TOKENS = 16
 
 
@@ -33,7 +35,8 @@ def setup():
 
 
 @pytest.mark.real_model
-@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("policy", [p if p == DEFAULT_POLICY else pytest.param(p, marks=pytest.mark.slow)
+                                    for p in POLICIES])
 def test_every_policy_rows_equal_single_prompt_generate(setup, policy):
     model, _, drafter, prompts, singles, pad = setup
     ids, mask = left_pad(prompts, pad)
@@ -48,6 +51,7 @@ def test_every_policy_rows_equal_single_prompt_generate(setup, policy):
 
 
 @pytest.mark.real_model
+@pytest.mark.slow
 def test_custom_eos_and_stop_strings_finish_rows_at_different_steps(setup):
     model, tok, drafter, prompts, singles, pad = setup
     ids, mask = left_pad(prompts, pad)

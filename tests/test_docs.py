@@ -62,7 +62,9 @@ def fenced_blocks(path: Path) -> list[tuple[str, int, str]]:
 
 
 def python_blocks() -> list:
-    return [pytest.param(code, id=f"{path.relative_to(ROOT)}:{line}")
+    """A block that compiles (``CompileConfig()``: inductor, minutes on 2 cores) is marked ``slow`` (CI runs it)."""
+    return [pytest.param(code, id=f"{path.relative_to(ROOT)}:{line}",
+                         marks=pytest.mark.slow if "CompileConfig()" in code else ())
             for path in DOCS for language, line, code in fenced_blocks(path) if language == "python"]
 
 

@@ -442,7 +442,7 @@ def test_time_budget_stops_training_annealed(target, talf_data, tmp_path, monkey
     import math
     import types
 
-    from hf_treespec.trainers import time_budget
+    from hf_treespec.trainers.objectives import time_budget
 
     ticks = itertools.count()
     monkeypatch.setattr(time_budget, "time", types.SimpleNamespace(monotonic=lambda: float(next(ticks))))

@@ -51,6 +51,7 @@ def _copy_sources(into: Path) -> None:
 
 
 @pytest.mark.real_model
+@pytest.mark.slow
 def test_wheel_installs_into_a_fresh_environment_and_generates(tmp_path):
     sources, dist, env = tmp_path / "src", tmp_path / "dist", tmp_path / "env"
     sources.mkdir()
