@@ -27,9 +27,10 @@ Run it on a quiet machine: process time is less sensitive to other load than wal
 syncs of the prefill and of the final ``synchronize`` are included in the count but not in the step count.
 
 ``--syncs`` counts instead, on any device, the operations of a step that would make the host wait for a GPU
-(`SyncCounter` of the test suite, `tests/sync_counter.py`, so it needs a clone: device -> host reads, host -> device copies, and the syncs they cost), for
-each policy of ``--policies``, greedy and sampling, one prompt and a batch of 4, and prints one table
-(``--tiny``: a 4-layer random Llama with a random feature drafter instead of the shipped pair):
+(`SyncCounter`, a development tool in the repository's `tests/sync_counter.py`, so it needs a clone: device -> host
+reads, host -> device copies, and the syncs they cost), for each policy of ``--policies``, greedy and sampling, one
+prompt and a batch of 4, and prints one table (``--tiny``: a 4-layer random Llama with a random feature drafter
+instead of the shipped pair):
 
     python examples/host_overhead.py --syncs --tiny --max-new-tokens 48
     python examples/host_overhead.py --syncs --num-questions 4 --max-new-tokens 48

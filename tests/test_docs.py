@@ -212,13 +212,42 @@ def test_every_registered_policy_and_verifier_is_in_the_readme_table():
     assert set(POLICIES) | set(VERIFIERS) <= rows
 
 
-def test_architecture_map_names_existing_paths_once():
+def architecture_map_paths() -> list[str]:
+    """The paths the README's architecture table names in its first column (``a/b.py``, ``c.py``: the second is in
+    the first one's folder)."""
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## Architecture", 1)[1].split("\n## ", 1)[0]
-    paths = re.findall(r"^\| `([^`]+)` \|", section, re.MULTILINE)
+    paths = []
+    for cell in re.findall(r"^\| ([^|]+) \|", section, re.MULTILINE):
+        names = re.findall(r"`([^`]+)`", cell)
+        if not names:  # the header
+            continue
+        folder = str(Path(names[0]).parent) if "/" in names[0].rstrip("/") else ""
+        paths += [names[0]] + [name if "/" in name.rstrip("/") else f"{folder}/{name}" for name in names[1:]]
+    return [path.rstrip("/") for path in paths]
+
+
+def test_architecture_map_names_existing_paths_once():
+    paths = architecture_map_paths()
     assert paths and len(paths) == len(set(paths)), "a module is listed twice"
     for path in paths:
         assert (ROOT / path).exists(), f"the architecture map names {path}, which does not exist"
+
+
+def test_architecture_map_covers_every_folder_and_root_module():
+    """The map matches the folders: every subpackage of the package and of the trainers, and every module at the
+    package root, has its row (or a name in one)."""
+    named = set(architecture_map_paths())
+    trainers_row = (ROOT / "README.md").read_text().split("| `trainers/` |", 1)[1].split("\n", 1)[0]
+    package = ROOT / "hf_treespec"
+    expected = {f"hf_treespec/{p.name}" for p in package.glob("*.py")}
+    expected |= {f"hf_treespec/{p.name}" for p in package.iterdir()
+                 if p.is_dir() and not p.is_symlink() and ((p / "__init__.py").exists() or p.name == "assets_data")}
+    missing = sorted(expected - named)
+    assert not missing, f"the README's architecture map has no row for {missing}"
+    subfolders = sorted(p.name for p in (ROOT / "trainers").iterdir() if (p / "__init__.py").exists())
+    assert subfolders and all(f"`{name}/`" in trainers_row for name in subfolders), \
+        f"the trainers row names {subfolders}?"
 
 
 def test_relative_links_resolve():
