@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..policies.base import Draft, Growth, LogprobsRequest, TreePolicy
+from ..policies.base import LogprobsRequest, TreePolicy, grow_in_rounds
 from ..randomness import Randomness
 from ..step_context import StepContext
 from ..tree import DraftTree
@@ -43,31 +43,6 @@ class DraftRound:
         return cls([DraftTree.root(context.root_token) for context in contexts], [None] * len(contexts), 0)
 
 
-class _Row:
-    """One row's growth, advanced request by request."""
-
-    def __init__(self, growth: Growth, source: WarpedDraftSource):
-        self.growth = growth
-        self.source = source
-        self.answer = None  # what the row's next `send` delivers (None: the first)
-        self.pending: LogprobsRequest | None = None
-        self.draft: Draft | None = None
-
-    def advance(self) -> None:
-        """Runs the growth until it yields a `LogprobsRequest` (left in ``pending``) or returns (``draft``)."""
-        answer, self.answer, self.pending = self.answer, None, None
-        while True:
-            try:
-                request = self.growth.send(answer)
-            except StopIteration as done:
-                self.draft = done.value
-                return
-            if type(request) is LogprobsRequest:
-                self.pending = request
-                return
-            answer = request.answer(self.source)
-
-
 def draft_trees(policy: TreePolicy, sources: list[WarpedDraftSource], contexts: list[StepContext],
                 generator: Randomness = None) -> DraftRound:
     """Every row's tree from ``policy`` (one growth per row, rooted at ``contexts[i]``), the rows' draft forwards
@@ -75,25 +50,22 @@ def draft_trees(policy: TreePolicy, sources: list[WarpedDraftSource], contexts: 
     if len(sources) != len(contexts):
         raise ValueError(f"draft_trees needs one source per context, got {len(sources)} and {len(contexts)}.")
     before = [source.num_forwards for source in sources]
-    rows = [_Row(policy.grow(context.root_token, context=context, capabilities=source.capabilities,
-                             generator=generator), source) for source, context in zip(sources, contexts)]
-    try:
-        growing = rows
-        while growing:
-            for row in growing:  # one row at a time, in row order
-                row.advance()
-            growing = [row for row in growing if row.draft is None]
-            if not growing:
-                break
-            requests = [(row.source.drafter, row.pending.tree, row.pending.nodes) for row in growing]
-            logits = type(requests[0][0]).expand_rows(requests)
-            for row, raw in zip(growing, logits):
-                row.answer = row.source.warp(row.pending.tree, row.pending.nodes, raw)
-    finally:
-        for row in rows:  # a row left parked in a request (another row failed) ends here
-            row.growth.close()
+
+    def answer_alone(row: int, request):
+        """Fast paths and other requests from the row's own source; a `LogprobsRequest` waits for the round."""
+        return None if type(request) is LogprobsRequest else request.answer(sources[row])
+
+    def answer_round(rows: list[int], requests: list[LogprobsRequest]) -> list:
+        logits = type(sources[rows[0]].drafter).expand_rows(
+            [(sources[row].drafter, request.tree, request.nodes) for row, request in zip(rows, requests)])
+        return [sources[row].warp(request.tree, request.nodes, raw)
+                for row, request, raw in zip(rows, requests, logits)]
+
+    growths = [policy.grow(context.root_token, context=context, capabilities=source.capabilities,
+                           generator=generator) for source, context in zip(sources, contexts)]
+    drafts = grow_in_rounds(growths, answer_round, answer_alone)
     return DraftRound(
-        trees=[row.draft.tree for row in rows],
-        shapes=[row.draft.shape for row in rows],
+        trees=[draft.tree for draft in drafts],
+        shapes=[draft.shape for draft in drafts],
         rounds=max((source.num_forwards - count for source, count in zip(sources, before)), default=0),
     )

@@ -34,7 +34,7 @@ every verified step (transformers' ``update_candidate_strategy``), and ``may_dra
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -140,6 +140,45 @@ def answer_from(source: DraftSource, growth: Generator) -> Any:
         return done.value
     finally:
         growth.close()
+
+
+def grow_in_rounds(growths: list[Growth], answer_round: Callable[[list[int], list[Any]], list[Any]],
+                   answer_alone: Callable[[int, Any], Any] | None = None) -> list[Draft]:
+    """Runs several growths side by side, their requests answered together round by round; returns each `Draft`.
+
+    A round advances every growth still running, in order (so random draws and Python state change in the same order
+    on every run), to its next request that ``answer_alone(index, request)`` does not answer on the spot (None: it
+    waits for the round; without ``answer_alone`` every request waits), then ``answer_round(indices, requests)``
+    answers the waiting ones together (one batched forward), one answer per request. A growth that returns leaves
+    the later rounds; growths left parked in a request when an answer raises are closed.
+    """
+    drafts: list[Draft | None] = [None] * len(growths)
+    answers: list[Any] = [None] * len(growths)  # what each growth's next `send` delivers
+    running = list(range(len(growths)))
+    try:
+        while running:
+            waiting, requests = [], []
+            for index in running:
+                answer = answers[index]
+                while True:
+                    try:
+                        request = growths[index].send(answer)
+                    except StopIteration as done:
+                        drafts[index] = done.value
+                        break
+                    answer = None if answer_alone is None else answer_alone(index, request)
+                    if answer is None:
+                        waiting.append(index)
+                        requests.append(request)
+                        break
+            running = waiting
+            if requests:
+                for index, answer in zip(waiting, answer_round(waiting, requests)):
+                    answers[index] = answer
+    finally:
+        for growth in growths:
+            growth.close()
+    return drafts
 
 
 class TreePolicy(ABC):

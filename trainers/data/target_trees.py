@@ -28,7 +28,7 @@ from hf_treespec.attention import float_mask
 from hf_treespec.compat import CACHE_KWARG
 from hf_treespec.features import capture_hidden_states
 from hf_treespec.policies import DraftSource, StepContext, TreePolicy
-from hf_treespec.policies.base import Draft, Growth
+from hf_treespec.policies.base import Growth, grow_in_rounds
 from hf_treespec.tree import DraftTree
 from hf_treespec.kv.window import sliding_layers
 
@@ -127,32 +127,16 @@ def grow_target_trees(
         source = AnswerSource(vocab)
         growth = policy.grow(root.token, context=StepContext(root.token), capabilities=source.capabilities)
         states.append(_Growing(root, source, growth))
-    advance = {id(state): None for state in states}  # what each growth's next `send` delivers
-    pending = list(states)
-    while pending:
-        requests: list[tuple[_Growing, DraftTree, torch.Tensor]] = []
-        asked = []
-        for state in pending:
-            request = next_request(state.growth, advance[id(state)])
-            if isinstance(request, Draft):
-                state.tree = request.tree
-                continue
-            requests.append((state, request.tree, request.nodes.cpu().long()))
-            asked.append(request)
-        pending = [state for state, _, _ in requests]
-        if requests:
-            _answer(model, cache, requests, answer_topk)
-        for state, request in zip(pending, asked):
-            advance[id(state)] = request.answer(state.source)
+
+    def answer_round(indices: list[int], requests: list) -> list:
+        asked = [(states[i], request.tree, request.nodes.cpu().long()) for i, request in zip(indices, requests)]
+        _answer(model, cache, asked, answer_topk)
+        return [request.answer(states[i].source) for i, request in zip(indices, requests)]
+
+    drafts = grow_in_rounds([state.growth for state in states], answer_round)
+    for state, draft in zip(states, drafts):
+        state.tree = draft.tree
     return [_finish(state) for state in states]
-
-
-def next_request(growth: Growth, answer):
-    """``growth``'s next draft request after receiving ``answer``, or its `Draft` once it returns."""
-    try:
-        return growth.send(answer)
-    except StopIteration as done:
-        return done.value
 
 
 def _answer(model, cache: DynamicCache, requests, answer_topk: int) -> None:

@@ -27,12 +27,12 @@ import torch
 from hf_treespec.attention import float_mask
 from hf_treespec.compat import CACHE_KWARG, output_cache
 from hf_treespec.policies import TreePolicy
-from hf_treespec.policies.base import Draft
+from hf_treespec.policies.base import grow_in_rounds
 from hf_treespec.step_context import StepContext
 from hf_treespec.tree import DraftTree
 from hf_treespec.kv.window import sliding_layers
 
-from ..data.target_trees import AnswerSource, next_request
+from ..data.target_trees import AnswerSource
 
 
 class TopkAnswerSource(AnswerSource):
@@ -56,7 +56,6 @@ class _Rollout:
     token: int
     source: TopkAnswerSource
     columns: torch.Tensor  # [uid capacity] KV column of every forwarded node (-1: not forwarded)
-    tree: DraftTree | None = None
 
     def ensure(self, capacity: int) -> None:
         if self.columns.numel() < capacity:
@@ -107,23 +106,14 @@ def grow_drafter_trees(
     device = torch.device("cpu")
     growths = [policy.grow(state.token, context=StepContext(state.token, device=device),
                            capabilities=state.source.capabilities) for state in states]
-    answers: list = [None] * len(states)  # what each growth's next `send` delivers
-    pending = list(range(len(states)))
-    while pending:
-        requests, asked = [], []
-        for index in pending:
-            request = next_request(growths[index], answers[index])
-            if isinstance(request, Draft):
-                states[index].tree = request.tree
-                continue
-            requests.append((index, request.tree, request.nodes.cpu().long()))
-            asked.append(request)
-        pending = [index for index, _, _ in requests]
-        if requests:
-            features = _expand(drafter, cache, features, context_len, states, requests, root_values, root_ids, topk)
-        for index, request in zip(pending, asked):
-            answers[index] = request.answer(states[index].source)
-    return [state.tree for state in states]
+
+    def answer_round(indices: list[int], requests: list) -> list:
+        nonlocal features
+        asked = [(i, request.tree, request.nodes.cpu().long()) for i, request in zip(indices, requests)]
+        features = _expand(drafter, cache, features, context_len, states, asked, root_values, root_ids, topk)
+        return [request.answer(states[i].source) for i, request in zip(indices, requests)]
+
+    return [draft.tree for draft in grow_in_rounds(growths, answer_round)]
 
 
 def _top(drafter, logits: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
