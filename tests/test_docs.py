@@ -118,11 +118,11 @@ def registries_restored():
     from hf_treespec.policies import POLICIES
     from hf_treespec.verifiers import VERIFIERS
 
-    saved = {registry: dict(registry._entries) for registry in (POLICIES, VERIFIERS)}
+    before = {registry: set(registry.names()) for registry in (POLICIES, VERIFIERS)}
     yield
-    for registry, entries in saved.items():
-        registry._entries.clear()
-        registry._entries.update(entries)
+    for registry, names in before.items():
+        for name in set(registry.names()) - names:
+            registry.unregister(name)
 
 
 @pytest.fixture
