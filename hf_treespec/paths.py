@@ -10,3 +10,11 @@ def default_cache_dir() -> Path:
     """``$HF_TREESPEC_CACHE`` if set, else ``~/.cache/hf_treespec``."""
     env = os.environ.get("HF_TREESPEC_CACHE")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "hf_treespec"
+
+
+def cost_cache_dir() -> Path:
+    """Where measured cost curves are cached: ``$HF_TREESPEC_COST_CACHE`` if set, else ``latency/`` in
+    `default_cache_dir` (a separate switch, so a fresh set of measurements never means converting checkpoints
+    again)."""
+    env = os.environ.get("HF_TREESPEC_COST_CACHE")
+    return Path(env).expanduser() if env else default_cache_dir() / "latency"

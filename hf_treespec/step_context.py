@@ -22,6 +22,7 @@ from transformers import GenerationConfig
 from .tree import DraftTree
 
 if TYPE_CHECKING:
+    from .budget import StepBudget
     from .drafters.base import Drafter
 
 #: optional facts a policy may ask the loop to gather (``TreePolicy.context_needs``):
@@ -49,6 +50,8 @@ class StepContext:
         draft_seconds: running mean of one draft forward measured so far in this generation (None before any, and
             None unless the policy's ``context_needs`` has ``"latencies"`` or the caller asked for timings).
         target_seconds: running mean of one target tree forward (same conditions).
+        budget: this step's size for an auto-sized policy (``tree_budget="auto"``), set by the loop's sizing for
+            every step that drafts; None for a numeric budget (the policy's own).
     """
 
     root_token: int
@@ -60,6 +63,7 @@ class StepContext:
     target_hidden: torch.Tensor | None = None
     draft_seconds: float | None = None
     target_seconds: float | None = None
+    budget: "StepBudget | None" = None
 
 
 @dataclass
@@ -97,7 +101,8 @@ class StepOutcome:
 
 @dataclass
 class DecodingSetup:
-    """What one generate call decodes with, handed to the policy once before its first step (``TreePolicy.setup``).
+    """What one generate call decodes with, handed to the policy (``TreePolicy.setup``) and to the loop's sizing once
+    before the first step.
 
     Attributes:
         target: the target model (state a policy learns across calls may live on it, per drafter and settings).

@@ -26,6 +26,49 @@ def fixed_budget(policy: str, nodes: int = 60) -> dict:
     return {"tree_budget": nodes} if POLICIES.get(policy).defaults.get("tree_budget") == "auto" else {}
 
 
+def _forget_speed_models(value, seen: set) -> None:
+    """Drops what a model fixture learnt about step costs (models nested in dicts / tuples included)."""
+    from hf_treespec.cost import forget_speed_models
+
+    if id(value) in seen:
+        return
+    seen.add(id(value))
+    if isinstance(value, torch.nn.Module):
+        forget_speed_models(value)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _forget_speed_models(item, seen)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _forget_speed_models(item, seen)
+
+
+@pytest.fixture(autouse=True)
+def fresh_cost_state(request, tmp_path_factory, monkeypatch):
+    """Every test measures costs from scratch: a fresh cost-curve cache (``HF_TREESPEC_COST_CACHE``), and the speed
+    models its model fixtures learnt are dropped before and after it, so no test's trees depend on which tests ran
+    before it on the same worker, or on curves another run left in ``~/.cache``."""
+    monkeypatch.setenv("HF_TREESPEC_COST_CACHE", str(tmp_path_factory.mktemp("cost-cache")))
+    seen: set = set()
+    for value in request.node.funcargs.values():
+        _forget_speed_models(value, seen)
+    yield
+    seen.clear()
+    for value in request.node.funcargs.values():
+        _forget_speed_models(value, seen)
+
+
+def assert_drafted(out, accepting: bool = True) -> None:
+    """Proves trees ran in a tree-speculative ``generate`` (``return_dict_in_generate=True``; a list of outputs is
+    summed): some step verified draft nodes, and with a drafter that accepts, some step committed more than one
+    token. A test of identity or of a sampled law that passes without it proves nothing about trees."""
+    outs = out if isinstance(out, (list, tuple)) else [out]
+    drafted = sum(o.drafted_steps for o in outs)
+    assert drafted > 0, "no step drafted a tree: the test ran plain decoding only"
+    if accepting:
+        assert max(max(o.accepted_lengths, default=0) for o in outs) > 1, "trees were drafted but never accepted"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked ``slow`` (minutes of compiling or real-model decoding) run only when ``-m`` names them
     (``-m slow``, ``-m "slow or not slow"``) or the command line names the test itself (``file.py::test``), so the

@@ -22,7 +22,7 @@ from hf_treespec.cost.speed_model import (
 from hf_treespec.cost.curve import CostCurve, calibrate_batches, calibrate_target, load_or_calibrate
 from hf_treespec.policies import POLICIES, StepContext
 from hf_treespec.policies.base import DraftSource
-from hf_treespec.policies.auto import TreeSizer
+from hf_treespec.cost.sizer import TreeSizer
 from hf_treespec.tree import DraftTree
 
 VOCAB = 64
@@ -53,14 +53,13 @@ FLAT = curve(lambda n: 0.05 + 0.0001 * n)  # a GPU: 100 rows for the price of on
 
 
 def context_for(speed: SpeedModel) -> StepContext:
-    return StepContext(target_probs=None, root_token=3, context_length=256, temperature=0.0, top_p=1.0)
+    """A step context carrying the step's budget from ``speed``, as the loop's sizing hands it to a policy."""
+    return StepContext(root_token=3, context_length=256, temperature=0.0, top_p=1.0, budget=TreeSizer(speed, 256))
 
 
 def auto_policy(cls, speed: SpeedModel, **kwargs):
-    """An auto-sized policy driven by hand: its speed model set as `TreePolicy.setup` would."""
-    policy = cls(tree_budget="auto", **kwargs)
-    policy.speed = speed
-    return policy
+    """An auto-sized policy driven by hand (its budget comes in `context_for`'s context)."""
+    return cls(tree_budget="auto", **kwargs)
 
 
 @pytest.mark.parametrize("policy", ["salf", "optimal", "eagle2"])
@@ -77,7 +76,7 @@ def test_steep_curve_drafts_nothing_flat_curve_grows_large_trees(policy):
 
 
 def test_auto_needs_a_speed_model():
-    with pytest.raises(ValueError, match="SpeedModel"):
+    with pytest.raises(ValueError, match="StepContext\\(budget="):
         POLICIES.get("salf")(tree_budget="auto").build(PeakedSource(), 3, context=StepContext(3))
 
 
@@ -364,13 +363,14 @@ def test_greedy_auto_identical_to_plain(target, drafters, prompt, policy, curve_
     if curve_kind != "measured":  # pin the curve so both step kinds are exercised deterministically
         pinned = STEEP if curve_kind == "steep" else FLAT
         monkeypatch.setattr("hf_treespec.cost.speed_model.load_or_calibrate",
-                            lambda m, cache_dir=None, compiled=None: CostCurve.from_json(pinned.to_json()))
+                            lambda m, cache_dir=None, compiled=None, batch=1: CostCurve.from_json(pinned.to_json()))
     plain = model.generate(prompt, do_sample=False, max_new_tokens=40)
     masks = []  # the attention_mask of every target forward: None for a draft-free step, like plain generate's
     hook = model.register_forward_pre_hook(lambda m, args, kwargs: masks.append(kwargs.get("attention_mask")),
                                            with_kwargs=True)
     try:
-        out = model.generate(prompt, assistant_model=drafters["perturbed"], tree_policy=policy, tree_budget="auto",
+        # the truncated self-drafter reads half the target's layers: priced below a target step before it is timed
+        out = model.generate(prompt, assistant_model=drafters["truncated"], tree_policy=policy, tree_budget="auto",
                              do_sample=False, max_new_tokens=40, return_dict_in_generate=True)
     finally:
         hook.remove()
@@ -441,7 +441,7 @@ def test_draft_free_steps_then_drafting_with_a_feature_drafter(target, prompt, t
 
     monkeypatch.setenv("HF_TREESPEC_CACHE", str(tmp_path))
     monkeypatch.setattr("hf_treespec.cost.speed_model.load_or_calibrate",
-                        lambda m, cache_dir=None, compiled=None: CostCurve.from_json(STEEP.to_json()))
+                        lambda m, cache_dir=None, compiled=None, batch=1: CostCurve.from_json(STEEP.to_json()))
     monkeypatch.setattr("hf_treespec.cost.speed_model.PROBE_BUDGET", 1e9)  # re-probe on the step count alone
     monkeypatch.delitem(target.__dict__, "_treespec_speed_models", raising=False)  # no curve an earlier test set
     drafter = make_drafter(target, seed=2, target_layers=[0, 2, 3], draft_vocab_size=40)

@@ -218,7 +218,7 @@ def test_batch_where_no_tree_pays_runs_no_policy_and_equals_plain(target, drafte
     draft-free rows share processor and stopping calls per row length, and every row equals plain batched
     generate, a prefix-reading processor (no-repeat n-grams) and a custom EOS included."""
     monkeypatch.setenv("HF_TREESPEC_CACHE", str(tmp_path))
-    monkeypatch.setattr("hf_treespec.cost.speed_model.load_or_calibrate", lambda m, cache_dir=None, compiled=None: steep_curve())
+    monkeypatch.setattr("hf_treespec.cost.speed_model.load_or_calibrate", lambda m, cache_dir=None, compiled=None, batch=1: steep_curve())
     monkeypatch.delitem(target.__dict__, "_treespec_speed_models", raising=False)  # no curve an earlier test set
     ids, mask = left_padded()
     refs = [single(target, p, do_sample=False, max_new_tokens=30) for p in PROMPTS]
@@ -273,82 +273,90 @@ def test_per_row_processor_state_is_narrowed_to_the_rows():
 def test_could_pay_bounds_every_tree():
     """`TreeSizer.could_pay`: False when even a perfectly accepted chain of any depth loses to a draft-free step at
     this batch (a steep curve, or a flat one at a batch whose rows draft one after another), True where a tree could
-    pay."""
+    pay, from the first step at every batch size."""
     from hf_treespec.cost.curve import CostCurve
+    from hf_treespec.cost.sizer import TreeSizer
     from hf_treespec.cost.speed_model import SpeedModel
-    from hf_treespec.policies.auto import TreeSizer
 
     sizes = [1, 2, 4, 8, 16, 32, 64, 128]
     flat = CostCurve(sizes, [256], [[0.05 + 0.0001 * n for n in sizes]])
-
-    def sizing(speed: SpeedModel) -> SpeedModel:
-        """Past a batch's first probe: drafted steps measured, gaining, so the cost rule sizes trees."""
-        speed.gain.add(0.5)
-        return speed
-
     assert not TreeSizer(SpeedModel(steep_curve()), 256).could_pay()
     assert TreeSizer(SpeedModel(flat), 256).could_pay()
-    assert TreeSizer(sizing(SpeedModel(flat, batch=2)), 256).could_pay()
-    assert not TreeSizer(SpeedModel(flat, batch=2), 256).could_pay()  # a batch before its first probe: no drafts
+    assert TreeSizer(SpeedModel(flat, batch=2), 256).could_pay()  # a batch decides from its first step
     # rows draft one after another: at batch 16 an expansion costs 16 draft forwards (4.8 one-row steps at the prior)
-    assert not TreeSizer(sizing(SpeedModel(flat, batch=16)), 256).could_pay()
+    assert not TreeSizer(SpeedModel(flat, batch=16), 256).could_pay()
     # a drafter that batches rows drafts all 16 in one forward per expansion: a tree can pay again
-    assert TreeSizer(sizing(SpeedModel(flat, batch=16, batched_drafting=True)), 256).could_pay()
-    costly = sizing(SpeedModel(flat, batch=64))
-    costly._draft.add(0.05)  # one draft forward per row costs a whole one-row step: 64 of them per expansion
+    assert TreeSizer(SpeedModel(flat, batch=16, batched_drafting=True), 256).could_pay()
+    costly = SpeedModel(flat, batch=64, batched_drafting=True)
+    costly._draft.add(0.06)  # one draft round costs more than a step of the batch: no tree pays
     assert not TreeSizer(costly, 256).could_pay()
+    as_large = SpeedModel(flat, draft_prior=1.0)  # a drafter as large as the target, before it was ever timed
+    assert not TreeSizer(as_large, 256).could_pay()
 
 
-def test_batch_prices_total_rows():
-    """A batch of B prices a step of n nodes per tree as B x n rows of the cost curve, drafting as B forwards."""
+def test_batch_prices_its_own_forwards():
+    """A batch's curve prices its own ``[B, n]`` forwards (n rows per tree); drafting row by row costs B forwards of
+    the prior, a drafter that batches rows one."""
     from hf_treespec.cost.curve import CostCurve
     from hf_treespec.cost.speed_model import SpeedModel
 
     curve = CostCurve(sizes=[1, 8, 64], contexts=[100], seconds=[[1.0, 2.0, 9.0]])
-    one, four = SpeedModel(curve), SpeedModel(curve, batch=4)
-    assert four.step_costs(2, 100).tolist() == pytest.approx([curve(4, 100), curve(8, 100)])
-    assert four.draft_seconds(100) == pytest.approx(4 * one.draft_seconds(100))
-    assert four.target_seconds(2, 100) == pytest.approx(curve(8, 100))
-    batched = SpeedModel(curve, batch=4, batched_drafting=True)  # one draft forward for all rows: priced as such
-    assert batched.draft_seconds(100) == pytest.approx(one.draft_seconds(100) * curve(4, 100) / curve(1, 100))
+    four = SpeedModel(curve, batch=4, draft_prior=0.25)
+    assert four.step_costs(2, 100).tolist() == pytest.approx([curve(1, 100), curve(2, 100)])
+    assert four.target_seconds(2, 100) == pytest.approx(curve(2, 100))
+    assert four.draft_seconds(100) == pytest.approx(4 * 0.25 * curve(1, 100))
+    batched = SpeedModel(curve, batch=4, batched_drafting=True, draft_prior=0.25)
+    assert batched.draft_seconds(100) == pytest.approx(0.25 * curve(1, 100))
+    assert batched.step_mode(100) == "size"  # no waiting for a probe
 
 
-def test_a_batch_drafts_first_in_a_budgeted_probe():
-    """One sequence may size trees from the first step; a batch skips the drafter until its first probe, which waits
-    (as every re-probe) for enough draft-free time to pay for it, then measures real drafted steps."""
-    from hf_treespec.cost.curve import CostCurve
-    from hf_treespec.cost.speed_model import REPROBE_EVERY, SpeedModel
-
-    sizes = [1, 2, 4, 8, 16, 32, 64, 128]
-    flat = CostCurve(sizes, [256], [[0.05 + 0.0001 * n for n in sizes]])
-    assert SpeedModel(flat).step_mode(256) == "size"
-    speed = SpeedModel(CostCurve.from_json(flat.to_json()), batch=4, batched_drafting=True)
-    modes = []
-    for _ in range(400):
-        modes.append(speed.step_mode(256))
-        if modes[-1] == "probe":
-            break
-        speed.observe_step(tree_scores=torch.zeros(0), on_path=torch.zeros(0, dtype=torch.bool), rows=1, context=256,
-                           draft_seconds=0.0, draft_forwards=0, verify_seconds=0.06, tokens=4, trees=4)
-    assert modes[-1] == "probe" and set(modes[:-1]) == {"skip"} and len(modes) > REPROBE_EVERY
-
-
-def test_a_batch_learns_costs_on_its_own_copy_of_the_curve(target, monkeypatch):
-    """[batch, n] forwards cost more than batch x n rows of one sequence: what a batch observes must not reprice
-    one-sequence steps (the curve is per batch size)."""
+def test_each_batch_size_has_its_own_calibrated_curve(target, monkeypatch):
+    """[batch, n] forwards cost more than batch x n rows of one sequence: each batch size is calibrated on its own
+    forwards, and what one batch size learns never reprices another's steps."""
     from hf_treespec.cost.curve import CostCurve
     from hf_treespec.cost.speed_model import speed_model_for
 
-    curve = CostCurve(sizes=[1, 8, 64], contexts=[100], seconds=[[1.0, 2.0, 9.0]])
-    monkeypatch.setattr("hf_treespec.cost.speed_model.load_or_calibrate", lambda m, cache_dir=None, compiled=None: curve)
+    asked = []
+
+    def calibrate(model, cache_dir=None, compiled=None, batch=1):
+        asked.append(batch)
+        return CostCurve(sizes=[1, 8, 64], contexts=[100], seconds=[[batch * 1.0, batch * 2.0, batch * 9.0]])
+
+    monkeypatch.setattr("hf_treespec.cost.speed_model.load_or_calibrate", calibrate)
     model = copy.copy(target)
     model.__dict__.pop("_treespec_speed_models", None)
-    single, batch = speed_model_for(model, ("k",)), speed_model_for(model, ("k",), batch=4)
-    assert single.curve is curve and batch.curve is not curve
+    drafter = torch.nn.Linear(1, 1)
+    single, batch = speed_model_for(model, drafter, ("k",)), speed_model_for(model, drafter, ("k",), batch=4)
+    assert asked == [1, 4] and single.curve is not batch.curve
+    assert batch.curve(1, 100) == pytest.approx(4.0)
     for _ in range(50):
-        batch.curve.observe(4, 100, 5.0)
-    assert batch.curve(4, 100) > 4.0 and single.curve(4, 100) == pytest.approx(curve(4, 100))
-    assert speed_model_for(model, ("other",), batch=4).curve is batch.curve  # shared by every key of that batch
+        batch.curve.observe(4, 100, 50.0)
+    assert single.curve(4, 100) == pytest.approx(1 + 3 / 7)  # interpolated between 1 and 8 rows, untouched
+    assert speed_model_for(model, drafter, ("other",), batch=4).curve is batch.curve  # shared by every key
+    assert asked == [1, 4]  # calibrated once per batch size
+
+
+def test_speed_models_are_kept_per_drafter_object_and_die_with_it(target, monkeypatch):
+    """A drafter's speed model is keyed by the drafter itself (a weak reference), not its ``id()``: a new drafter
+    that reuses a dead one's address starts fresh."""
+    import gc
+
+    from hf_treespec.cost.curve import CostCurve
+    from hf_treespec.cost.speed_model import speed_model_for
+
+    monkeypatch.setattr("hf_treespec.cost.speed_model.load_or_calibrate",
+                        lambda m, cache_dir=None, compiled=None, batch=1: CostCurve([1, 2], [8], [[1.0, 2.0]]))
+    model = copy.copy(target)
+    model.__dict__.pop("_treespec_speed_models", None)
+    first = torch.nn.Linear(2, 2)
+    speed = speed_model_for(model, first, ("k",))
+    speed.gain.add(3.0)
+    assert speed_model_for(model, first, ("k",)) is speed
+    store = model.__dict__["_treespec_speed_models"]["drafters"]
+    del first, speed
+    gc.collect()
+    assert len(store) == 0
+    assert speed_model_for(model, torch.nn.Linear(2, 2), ("k",)).gain.count == 0
 
 
 def test_num_return_sequences_with_sampling(target, drafters):

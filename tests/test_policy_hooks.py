@@ -1,5 +1,6 @@
 """The loop's hooks around `TreePolicy.grow`: ``setup`` once per generate call, ``observe`` once per verified step
-(a batch step is ONE outcome covering every row), ``may_draft`` False runs a plain step without calling ``grow``."""
+(a batch step is ONE outcome covering every row); the loop's sizing (``tree_budget="auto"``), not the policy, decides
+whether a step drafts: where it says no, the step is a plain one and ``grow`` is not called."""
 
 import pytest
 import torch
@@ -25,9 +26,6 @@ def recording_policy():
         def observe(self, outcome):
             calls["observe"].append(outcome)
 
-        def may_draft(self, context_length):
-            return context_length % 2 == 0
-
         def grow(self, root_token, *, context, capabilities=frozenset(), generator=None):
             calls["grow"] += 1
             return super().grow(root_token, context=context, capabilities=capabilities, generator=generator)
@@ -47,9 +45,8 @@ def test_single_sequence_hooks(target, drafters, prompt, recording_policy):
     assert len(outcomes) == len(out.accepted_lengths)  # one per verified step (the last may stop early)
     assert all(len(o.trees) == 1 and len(o.accepted) == 1 for o in outcomes)
     drafted = [o for o in outcomes if o.trees[0].num_nodes > 1]
-    assert calls["grow"] == len(drafted) > 0  # growth ran exactly where may_draft allowed it
-    assert all(o.contexts[0].context_length % 2 == 0 for o in drafted)
-    assert all(o.draft_rounds == 0 for o in outcomes if o.trees[0].num_nodes == 1)
+    assert calls["grow"] == len(outcomes) and len(drafted) > 0  # a numeric budget: every step grows a tree
+    assert all(o.contexts[0].budget is None for o in outcomes)  # the policy's own size: no step budget
 
 
 def test_batch_step_is_one_outcome(target, drafters, recording_policy):
@@ -62,3 +59,25 @@ def test_batch_step_is_one_outcome(target, drafters, recording_policy):
     outcomes = calls["observe"]
     assert len(outcomes) == max(len(lengths) for lengths in out.row_accepted_lengths)
     assert len(outcomes[0].trees) == 3 and outcomes[0].tokens == sum(int(p.numel()) for p in outcomes[0].accepted)
+
+
+def test_sizing_decides_which_steps_draft(target, drafters, prompt, monkeypatch, recording_policy):
+    """With ``tree_budget="auto"`` the loop's `TreeSizing` decides per step: where ``may_draft`` says no, no policy
+    runs (a plain step, no drafter forward); where it says yes, each row grows with its own step budget."""
+    from hf_treespec.generation.sizing import TreeSizing
+
+    from hf_treespec.cost.curve import CostCurve
+
+    sizes = [1, 2, 4, 8, 16, 32, 64]  # a pinned flat curve and a cheap drafter: every step the sizing allows drafts
+    flat = CostCurve(sizes, [256], [[0.05 + 0.0001 * n for n in sizes]])
+    monkeypatch.setattr("hf_treespec.cost.speed_model.load_or_calibrate", lambda model, *a, **k: flat)
+    monkeypatch.setattr("hf_treespec.cost.speed_model.draft_cost_ratio", lambda target, drafter: 0.02)
+    monkeypatch.setattr(TreeSizing, "may_draft", lambda self, context_length: context_length % 2 == 0)
+    ref = target.generate(prompt, do_sample=False, max_new_tokens=20)
+    out = target.generate(prompt, do_sample=False, max_new_tokens=20, assistant_model=drafters["perturbed"],
+                          tree_policy="salf", tree_budget="auto", return_dict_in_generate=True)
+    assert torch.equal(out.sequences, ref)
+    lengths = prompt.shape[1] + 1 + torch.tensor([0, *out.accepted_lengths[:-1]]).cumsum(0)  # context per step
+    drafted = [size > 0 for size in out.tree_sizes]
+    assert not any(d for d, n in zip(drafted, lengths.tolist()) if n % 2)  # odd contexts: plain steps only
+    assert all(d for d, n in zip(drafted, lengths.tolist()) if n % 2 == 0)  # even ones: every step drafted

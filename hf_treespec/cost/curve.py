@@ -1,9 +1,10 @@
 """`CostCurve`: seconds of one target verification with ``n`` rows (root included) over ``context`` cached tokens.
 
-Measured once per (model, dtype, device, threads) by `calibrate_target` (a few seconds), cached as JSON under
-``$HF_TREESPEC_CACHE/latency/`` (`load_or_calibrate`) and refined online from the real steps (EMA). A batch of ``B``
-trees of ``n`` rows is priced as ``B x n`` rows of one sequence (equal matmul and attention work);
-`calibrate_batches` measures that premise on the machine at hand.
+Measured once per (model, dtype, device, threads, eager or compiled, batch size) by `calibrate_target` (a few
+seconds; the median of repeated timings per point), cached as JSON under `hf_treespec.paths.cost_cache_dir`
+(`load_or_calibrate`, written atomically) and refined online from the real steps (EMA). A batch of ``B`` trees has
+its own curve over ``[B, n]`` forwards: each sequence reads its own KV cache, so such a forward costs more than
+``B x n`` rows of one sequence (`calibrate_batches` measures the gap).
 """
 
 from __future__ import annotations
@@ -11,6 +12,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
+import statistics
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -23,8 +27,10 @@ from .timing import sync
 #: rows of one calibration forward (root included) and cached-context lengths measured
 CALIBRATION_SIZES = (1, 2, 4, 8, 16, 32, 64)
 CALIBRATION_CONTEXTS = (128, 512)
-#: timed forwards per point when a curve is measured at first use (the fastest is kept)
-FIRST_USE_REPEATS = 3
+#: timed forwards per point when a curve is measured at first use (the median is kept)
+FIRST_USE_REPEATS = 5
+#: a batch's calibration stops at this many rows in all (or 8 rows per tree, when more): larger trees never pay there
+MAX_BATCH_ROWS = 64
 #: EMA weight of one online observation
 COST_RATE = 0.1
 
@@ -120,7 +126,30 @@ class CostCurve:
         return "\n".join([head, sep, *body])
 
 
-def model_key(model: torch.nn.Module, threads: int | None = None, compiled=None) -> dict:
+def position_limit(model: torch.nn.Module) -> int | None:
+    """The most positions the model can encode (learned absolute position tables: GPT-2's ``n_positions``, OPT's
+    ``max_position_embeddings``), None when the config names none. Calibration stays below it."""
+    config = model.config.get_text_config() if hasattr(model, "config") else None
+    limit = getattr(config, "max_position_embeddings", None)
+    return int(limit) if isinstance(limit, int) and limit > 0 else None
+
+
+def calibration_grid(model: torch.nn.Module, batch: int = 1, sizes: tuple[int, ...] = CALIBRATION_SIZES,
+                     contexts: tuple[int, ...] = CALIBRATION_CONTEXTS) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The (rows, contexts) a curve is measured at for this model and batch size: rows per tree up to
+    `MAX_BATCH_ROWS` in all (at least 8 per tree), and every context plus its largest tree within the model's
+    `position_limit` (contexts shrink, then rows, for a model of few positions)."""
+    sizes = tuple(s for s in sizes if s * batch <= max(MAX_BATCH_ROWS, 8 * batch)) or sizes[:1]
+    limit = position_limit(model)
+    if limit is None:
+        return sizes, contexts
+    sizes = tuple(s for s in sizes if s <= limit // 2) or (1,)
+    room = limit - max(sizes)
+    fitted = sorted({min(c, room) for c in contexts if min(c, room) >= 1})
+    return sizes, tuple(fitted) or (max(room, 1),)
+
+
+def model_key(model: torch.nn.Module, threads: int | None = None, compiled=None, batch: int = 1) -> dict:
     """What a calibration is valid for: model identity (name + config hash), dtype, device/hardware, threads, and
     how the forward runs (eager, or compiled with which settings): the two curves of a machine are cached apart."""
     from .hardware import detect
@@ -136,45 +165,52 @@ def model_key(model: torch.nn.Module, threads: int | None = None, compiled=None)
         "hardware": detect(param.device).name,
         "threads": int(threads if threads is not None else torch.get_num_threads()),
         **({"compiled": compiled.settings.describe()} if compiled is not None else {}),
+        **({"batch": int(batch)} if batch != 1 else {}),
     }
 
 
 def cache_path(key: dict, cache_dir: str | Path | None = None) -> Path:
-    from ..paths import default_cache_dir
+    from ..paths import cost_cache_dir
 
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
-    return Path(cache_dir or default_cache_dir()) / "latency" / f"{digest}.json"
+    folder = Path(cache_dir) / "latency" if cache_dir is not None else cost_cache_dir()
+    return folder / f"{digest}.json"
 
 
 @torch.inference_mode()
 def calibrate_target(
     model: torch.nn.Module,
-    sizes: tuple[int, ...] = CALIBRATION_SIZES,
-    contexts: tuple[int, ...] = CALIBRATION_CONTEXTS,
+    sizes: tuple[int, ...] | None = None,
+    contexts: tuple[int, ...] | None = None,
     repeats: int = 1,
     compiled=None,
+    batch: int = 1,
 ) -> CostCurve:
-    """Times one target forward per (rows, context) exactly as a tree verification runs (4D float mask, explicit
-    positions, a DynamicCache of ``context`` tokens, under ``inference_mode`` as the loops run), keeping the fastest
-    of ``repeats``; with ``compiled`` (a `hf_treespec.compiled.CompiledForward`), through its compiled graphs over a
-    preallocated cache. One untimed forward per context warms up. At first use `load_or_calibrate` keeps the fastest of `FIRST_USE_REPEATS` per point (42 timed
-    forwards, ~8 s for SmolLM2-135M on 2 CPU cores): the cost rule sizes trees by the curve's differences between
-    neighbouring row counts, which single measurements on a noisy machine get wrong (a 4-row forward measured slower
-    than an 8-row one); the online refinement from real steps corrects what remains."""
+    """Times one target forward per (rows, context) exactly as a tree verification runs (``[batch, rows]`` tokens, a
+    4D float mask, explicit positions, a cache of ``context`` tokens per sequence, under ``inference_mode`` as the
+    loops run), keeping the median of ``repeats``; with ``compiled`` (a `hf_treespec.compiled.CompiledForward`),
+    through its compiled graphs over a preallocated cache. The grid defaults to `calibration_grid` (within the
+    model's position limit). One untimed forward per context warms up. At first use `load_or_calibrate` keeps the
+    median of `FIRST_USE_REPEATS` per point (~10 s for SmolLM2-135M on 2 CPU cores): the cost rule sizes trees by
+    the curve's differences between neighbouring row counts, which single measurements on a noisy machine get wrong
+    (a 4-row forward measured slower than an 8-row one); the online refinement from real steps corrects what
+    remains."""
     from ..compat import CACHE_KWARG
 
+    default_sizes, default_contexts = calibration_grid(model, batch)
+    sizes, contexts = tuple(sizes or default_sizes), tuple(contexts or default_contexts)
     device, dtype = next(model.parameters()).device, model.dtype
     vocab = int(model.config.get_text_config().vocab_size)
     gen = torch.Generator().manual_seed(0)
     seconds = []
     for context in contexts:
-        cache = _prefilled_cache(model, 1, context, gen, capacity=context + max(sizes) if compiled else None)
+        cache = _prefilled_cache(model, batch, context, gen, capacity=context + max(sizes) if compiled else None)
         row = []
         for rows in sizes:
-            ids = torch.randint(0, vocab, (1, rows), generator=gen).to(device)
-            positions = torch.arange(context, context + rows, device=device)[None]
-            mask = causal_row_mask(rows, context + rows, dtype, device)
-            best = float("inf")
+            ids = torch.randint(0, vocab, (batch, rows), generator=gen).to(device)
+            positions = torch.arange(context, context + rows, device=device)[None].expand(batch, -1)
+            mask = causal_row_mask(rows, context + rows, dtype, device).expand(batch, -1, -1, -1)
+            times = []
             warm_up = rows == sizes[0]
             for attempt in range(repeats + warm_up):
                 sync(device)
@@ -186,11 +222,11 @@ def calibrate_target(
                           **{CACHE_KWARG: cache})
                 sync(device)
                 if attempt or not warm_up:
-                    best = min(best, time.perf_counter() - t0)
+                    times.append(time.perf_counter() - t0)
                 cache.crop(-rows)  # drop the rows just added (transformers 5.23: a negative count)
-            row.append(best)
+            row.append(statistics.median(times))
         seconds.append(row)
-    return CostCurve(list(sizes), list(contexts), seconds, model_key(model, compiled=compiled))
+    return CostCurve(list(sizes), list(contexts), seconds, model_key(model, compiled=compiled, batch=batch))
 
 
 def _prefilled_cache(model: torch.nn.Module, batch: int, context: int, generator: torch.Generator,
@@ -215,11 +251,11 @@ def _prefilled_cache(model: torch.nn.Module, batch: int, context: int, generator
     return cache
 
 
-def load_or_calibrate(model: torch.nn.Module, cache_dir: str | Path | None = None, compiled=None,
+def load_or_calibrate(model: torch.nn.Module, cache_dir: str | Path | None = None, compiled=None, batch: int = 1,
                       **kwargs) -> CostCurve:
-    """The cached curve for this (model, dtype, device, threads, eager or compiled), measuring and caching it at
-    first use."""
-    key = model_key(model, compiled=compiled)
+    """The cached curve for this (model, dtype, device, threads, eager or compiled, batch size), measuring and
+    caching it at first use."""
+    key = model_key(model, compiled=compiled, batch=batch)
     path = cache_path(key, cache_dir)
     if path.exists():
         try:
@@ -229,10 +265,23 @@ def load_or_calibrate(model: torch.nn.Module, cache_dir: str | Path | None = Non
         except (ValueError, KeyError, TypeError):
             pass  # unreadable or stale: measure again and overwrite
     kwargs.setdefault("repeats", FIRST_USE_REPEATS)
-    curve = calibrate_target(model, compiled=compiled, **kwargs)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(curve.to_json(), indent=1))
+    curve = calibrate_target(model, compiled=compiled, batch=batch, **kwargs)
+    write_atomically(path, json.dumps(curve.to_json(), indent=1))
     return curve
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Writes ``text`` to ``path`` through a temporary file in the same folder and a rename: a reader (another
+    process calibrating the same machine) sees the old file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w") as file:
+            file.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
 
 
 @dataclass

@@ -7,12 +7,14 @@
 - `SpeedModel`: both, plus the drafter's cost per forward and the realised speed of drafted vs. draft-free steps, so
   the loop can stop drafting where no tree pays (with periodic re-probing).
 
-Nothing here is global: a `SpeedModel` lives on the model instance that uses it (see `speed_model_for`).
+Nothing here is global: a `SpeedModel` lives on the target model instance that uses it, per drafter (held by a weak
+reference) and settings (see `speed_model_for`).
 """
 
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -187,8 +189,10 @@ class DepthAcceptance:
 class SpeedModel:
     """Everything ``tree_budget="auto"`` decides with: target cost curve, drafter cost per forward, acceptance.
 
-    ``draft_seconds`` starts at ``draft_prior`` (a fraction of a one-row target step) and follows the measured
-    drafting time per forward. Every step that ran the drafter also records its *gain*: tokens committed minus what
+    ``curve`` is the cost of the batch's own ``[batch, rows]`` verification forwards (calibrated at that batch size).
+    ``draft_seconds`` starts at ``draft_prior`` times a target step over the same rows (the drafter's share of the
+    weights a forward reads: `forward_bytes`, so a drafter as large as the target is priced as one target step per
+    draft forward and declined from the first step) and follows the measured drafting time per forward. Every step that ran the drafter also records its *gain*: tokens committed minus what
     draft-free steps commit in the same time (their measured rate, or the cost curve's one-row step before any). The
     drafter is switched off ("skip") only once the mean gain is below zero by `SKIP_CONFIDENCE` standard errors over
     enough drafted steps, so a single unlucky step never switches it off; then every ``reprobe_every`` draft-free
@@ -201,9 +205,9 @@ class SpeedModel:
     def __init__(self, curve: CostCurve, acceptance: AcceptanceTable | None = None, draft_prior: float = 0.3,
                  reprobe_every: int = REPROBE_EVERY, batch: int = 1, batched_drafting: bool = False):
         self.curve = curve
-        #: rows decoded together: a step verifies ``batch`` trees in one forward (priced at ``batch x nodes`` target
-        #: rows) and drafts them in rounds, one round per expansion: ONE forward for all rows when the drafter batches
-        #: them (``batched_drafting``), else one forward per row
+        #: rows decoded together: a step verifies ``batch`` trees in one ``[batch, n]`` forward (``curve`` prices it)
+        #: and drafts them in rounds, one round per expansion: ONE forward for all rows when the drafter batches them
+        #: (``batched_drafting``), else one forward per row
         self.batch = batch
         self.batched_drafting = batched_drafting
         self.acceptance = acceptance if acceptance is not None else AcceptanceTable()
@@ -223,21 +227,20 @@ class SpeedModel:
 
     def target_seconds(self, rows: int, context: int) -> float:
         """Predicted seconds of a step verifying ``rows`` rows (root included) in each of the batch's trees."""
-        return self.curve(rows * self.batch, context)
+        return self.curve(rows, context)
 
     def step_costs(self, max_rows: int, context: int) -> torch.Tensor:
-        """``[max_rows]`` predicted seconds of a step verifying 1..max_rows rows per tree, the batch's total rows
-        priced on the cost curve (a ``[B, n]`` forward read as ``B x n`` rows of one sequence: equal matmul work)."""
-        return self.curve.costs(max_rows * self.batch, context)[self.batch - 1 :: self.batch]
+        """``[max_rows]`` predicted seconds of a step verifying 1..max_rows rows per tree (one vectorised call)."""
+        return self.curve.costs(max_rows, context)
 
     def draft_seconds(self, context: int) -> float:
         """Seconds per draft round (one expansion of every row of the batch): the measured mean, or before any the
-        prior, a fraction of a target step over the batch's rows (batched drafting) or of one row per row."""
+        prior: ``draft_prior`` times the target's one-row step of the batch (batched drafting: one forward for every
+        row), or times it once per row (a drafter that expands row by row)."""
         if self._draft.value is not None:
             return self._draft.value
-        if self.batched_drafting:
-            return self._draft_prior * self.curve(self.batch, context)
-        return self._draft_prior * self.curve(1, context) * self.batch
+        one_row = self.curve(1, context)
+        return self._draft_prior * one_row * (1 if self.batched_drafting else self.batch)
 
     @property
     def child_logprob(self) -> float:
@@ -257,10 +260,10 @@ class SpeedModel:
         self._child.add(max(float((best[expanded] - scores[expanded]).exp().mean()), 1e-6))
 
     def plain_rate(self, context: int) -> float:
-        """Tokens per second of a draft-free step: measured, or one per row of the batch per predicted forward of
-        ``batch`` rows before any."""
+        """Tokens per second of a draft-free step: measured, or one per row of the batch per predicted one-row
+        forward before any."""
         rate = self.plain.rate
-        return rate if rate is not None else self.batch / self.curve(self.batch, context)
+        return rate if rate is not None else self.batch / self.curve(1, context)
 
     def drafting_loses(self) -> bool:
         """Whether drafted steps have been slower than draft-free ones beyond noise: at least `MIN_EVIDENCE` of them
@@ -286,16 +289,12 @@ class SpeedModel:
 
     def step_mode(self, context: int) -> str:
         """``"probe"`` within a probe (draft at least one node, to refresh the acceptance, drafter-cost and gain
-        estimates); ``"skip"`` (no drafter at all) while `drafting_loses`, and for a batch until its first probe;
-        else ``"size"``: the per-step cost rule decides (it may still draft nothing).
-
-        A batch drafts first in a probe, budgeted by time like every re-probe: before any drafted step the cost rule
-        sizes a batch's trees on the curve's price of ``batch x n`` rows, which a ``[batch, n]`` forward exceeds
-        (1.2-3x measured on a 2-core CPU at batch 4-64), and every drafted step of a batch widens every row's
-        forward; exploring there unbudgeted cost a short batched run ~10%."""
+        estimates); ``"skip"`` (no drafter at all) while `drafting_loses`; else ``"size"``: the per-step cost rule
+        decides from the first step, at every batch size (the curve prices the batch's own forwards; it may still
+        draft nothing)."""
         if self._probing(context):
             return "probe"
-        if self.drafting_loses() or (self.batch > 1 and self.gain.count == 0):
+        if self.drafting_loses():
             return "skip"
         return "size"
 
@@ -310,7 +309,8 @@ class SpeedModel:
         row when the drafter does not batch rows), draft seconds and tokens summed over rows, so drafted and
         draft-free steps are compared at the batch's own throughput."""
         probing = bool(draft_forwards) and self._probing(context)  # the mode this step ran in, before any update
-        self.curve.observe(rows * (self.batch if trees is None else trees), context, verify_seconds)
+        if trees is None or trees == self.batch:  # a batch whose rows finished runs narrower forwards: not its curve
+            self.curve.observe(rows, context, verify_seconds)
         if draft_forwards:
             self._draft.add(draft_seconds / draft_forwards)
         if rows > 1:
@@ -341,23 +341,63 @@ class SpeedModel:
             self.reprobe_every = min(2 * self.reprobe_every, MAX_REPROBE_EVERY)
 
 
-def speed_model_for(model: torch.nn.Module, key: tuple, cache_dir: str | Path | None = None,
-                    batch: int = 1, batched_drafting: bool = False, compiled=None) -> SpeedModel:
-    """The `SpeedModel` of ``model`` for ``key`` (drafter, sampling settings ...), kept on the model instance so it
-    keeps learning across ``generate`` calls. The cost curve is shared per (dtype, device, threads, batch size): a
-    batch's steps teach it what ``[batch, n]`` forwards cost, which is more than ``batch x n`` rows of one sequence
-    (every sequence reads its own KV cache; `hf_treespec.cost.curve.calibrate_batches` measures the gap), so each batch
-    size refines its own copy of the calibrated curve and never skews the one-sequence curve. A run whose steps go
-    through ``compiled`` (a `hf_treespec.compiled.CompiledForward`) prices trees on that path's own curve."""
+def forward_bytes(module: torch.nn.Module) -> int:
+    """Bytes of weights one forward of ``module`` reads: every parameter and buffer once, except embedding tables
+    that no other layer shares (a lookup reads one row of them). On a memory-bound step this is what the forward
+    costs, which prices a drafter against its target before either was timed."""
+    if module is None or not isinstance(module, torch.nn.Module):
+        return 0
+    lookups = {id(m.weight) for m in module.modules() if isinstance(m, torch.nn.Embedding)}
+    shared = {id(p) for m in module.modules() if not isinstance(m, torch.nn.Embedding)
+              for p in m.parameters(recurse=False)}
+    seen, total = set(), 0
+    for tensor in [*module.parameters(), *module.buffers()]:
+        if id(tensor) in seen or (id(tensor) in lookups and id(tensor) not in shared):
+            continue
+        seen.add(id(tensor))
+        total += tensor.numel() * tensor.element_size()
+    return total
+
+
+def draft_cost_ratio(target: torch.nn.Module, drafter_model) -> float:
+    """Prior seconds of one draft forward as a fraction of one target step: the drafter's `forward_bytes` over the
+    target's, floored at 2% (a drafter with no weights, prompt lookup, still runs host code every round)."""
+    target_bytes = max(forward_bytes(target), 1)
+    return max(forward_bytes(drafter_model) / target_bytes, 0.02)
+
+
+def _store(model: torch.nn.Module) -> dict:
+    """What one target keeps across generate calls: its cost curves, and per drafter (weakly: a drafter that is
+    deleted takes its speed models with it) the speed models of each setting."""
     store = model.__dict__.setdefault("_treespec_speed_models", {})
+    store.setdefault("drafters", weakref.WeakKeyDictionary())
+    return store
+
+
+def forget_speed_models(model: torch.nn.Module) -> None:
+    """Drops what ``model`` learnt about step costs and acceptance (its cost curves in memory and every drafter's
+    speed model); the next auto-sized generate starts from the cached calibration again."""
+    model.__dict__.pop("_treespec_speed_models", None)
+
+
+def speed_model_for(model: torch.nn.Module, drafter, key: tuple = (), cache_dir: str | Path | None = None,
+                    batch: int = 1, batched_drafting: bool = False, compiled=None,
+                    draft_prior: float | None = None) -> SpeedModel:
+    """The `SpeedModel` of target ``model`` for ``drafter`` (any weakly referenceable object: the assistant model)
+    and ``key`` (sampling settings ...), kept on the target so it keeps learning across ``generate`` calls. The cost
+    curve is per (dtype, device, threads, eager or compiled, batch size): a batch's ``[batch, n]`` forwards cost more
+    than ``batch x n`` rows of one sequence (every sequence reads its own KV cache), so each batch size is calibrated
+    on its own. ``draft_prior``: the drafter's cost per forward as a fraction of a target step before any was timed
+    (default: `draft_cost_ratio`)."""
+    store = _store(model)
     curve_key = ("curve", str(model.dtype), str(next(model.parameters()).device), torch.get_num_threads(),
-                 None if compiled is None else compiled.settings)
+                 None if compiled is None else compiled.settings, batch)
     if curve_key not in store:
-        store[curve_key] = load_or_calibrate(model, cache_dir, compiled=compiled)
-    batch_key = (*curve_key, batch)
-    if batch_key not in store:
-        store[batch_key] = store[curve_key] if batch == 1 else CostCurve.from_json(store[curve_key].to_json())
-    full_key = (curve_key, *key, batch)
-    if full_key not in store:
-        store[full_key] = SpeedModel(store[batch_key], batch=batch, batched_drafting=batched_drafting)
-    return store[full_key]
+        store[curve_key] = load_or_calibrate(model, cache_dir, compiled=compiled, batch=batch)
+    per_drafter = store["drafters"].setdefault(drafter, {})
+    full_key = (curve_key, *key)
+    if full_key not in per_drafter:
+        prior = draft_cost_ratio(model, drafter) if draft_prior is None else draft_prior
+        per_drafter[full_key] = SpeedModel(store[curve_key], batch=batch, batched_drafting=batched_drafting,
+                                           draft_prior=prior)
+    return per_drafter[full_key]

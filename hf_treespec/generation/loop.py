@@ -4,12 +4,13 @@ any size (one prompt is a batch of one).
 Every row keeps its own ids, drafter and outputs (`RowState`); the rows share one policy and one verifier (neither
 keeps per-tree state between calls). A step reads top to bottom in `TreeDecodingLoop.run`:
 
-1. draft: every active row's policy grows its tree (`draft_trees`: the rows' draft forwards joined per round);
+1. draft: the sizing (``tree_budget="auto"``: `TreeSizing`) decides whether the step drafts and hands every row its
+   step budget; every active row's policy grows its tree (`draft_trees`: the rows' draft forwards joined per round);
 2. verify: ONE target forward over every row's tree (`TargetKV.step_inputs`: `OneRowKV` for one unpadded prompt,
    `RaggedKV` for a batch), each drafted row's path picked by the verifier; a root-only row is a plain ``generate``
    step (its token the target's own choice; rows of equal length share the processors and stopping criteria);
-3. commit: the cache keeps each row's accepted rows, the policy observes the step, each drafter takes its path and
-   the target features along it;
+3. commit: the cache keeps each row's accepted rows, the policy and the sizing observe the step, each drafter takes
+   its path and the target features along it;
 4. emit: the accepted tokens join each row's output, every stopping criterion sees every prefix; finished rows
    leave the batch (their output padded with ``pad_token_id`` as plain ``generate`` pads it).
 
@@ -39,6 +40,7 @@ from .rows import (
     RowState, RowVerdict, Verification, append_chunk, attention_mask_of, check_batch_inputs, fork_drafter, pad_token,
     padded_sequences, stack_steps,
 )
+from .sizing import TreeSizing
 from .target import TargetForward, compiled_for_generation
 from .timer import LoopTimer
 
@@ -79,8 +81,9 @@ class TreeDecodingLoop:
         compiled = compiled_for_generation(model, cache, generation_config, sliding=self.windows is not None,
                                            batch=self.batch)
         self.temperature, self.top_p = sampling_params(generation_config)
-        self.policy.setup(DecodingSetup(model, drafter, self.temperature, self.top_p, batch=self.batch,
-                                        compiled=compiled))
+        setup = DecodingSetup(model, drafter, self.temperature, self.top_p, batch=self.batch, compiled=compiled)
+        self.policy.setup(setup)
+        self.sizing = TreeSizing.for_generation(self.policy, setup)  # None: the policy's own numeric budget
         pads = (~self.prompt_mask).sum(-1).tolist()
         self.rows = [RowState(i, input_ids[i : i + 1], drafter if i == 0 else fork_drafter(drafter, assistant_model, model),
                               processors_for_rows(logits_processor, i), pads=pads[i]) for i in range(self.batch)]
@@ -96,10 +99,10 @@ class TreeDecodingLoop:
         self.needs = self.policy.context_needs
         self.mask_dtype = model.dtype  # read once: the property walks the parameters
         self.kv = target_kv(cache, self.prompt_mask, self.windows)
-        # the clock syncs the device only when someone reads its numbers: the caller (return_dict_in_generate) or
-        # the policy (auto sizing, or "latencies" in its context_needs)
-        self.timer = LoopTimer(self.device, enabled=self.want_dict or self.policy.wants_timing,
-                               latencies="latencies" in self.needs)
+        # the clock syncs the device only when someone reads its numbers: the caller (return_dict_in_generate), the
+        # sizing (auto budgets learn from measured time) or the policy ("latencies" in its context_needs)
+        timing = self.want_dict or self.sizing is not None or "latencies" in self.needs
+        self.timer = LoopTimer(self.device, enabled=timing, latencies="latencies" in self.needs)
         self.layers = tuple(drafter.target_layers or ())
         # the target's pre-norm last state is captured (after the drafter's layers) only for policies that read it
         captured = self.layers + ((-1,) if "target_hidden" in self.needs else ())
@@ -144,11 +147,14 @@ class TreeDecodingLoop:
         self.active = [row for row, stop in zip(self.rows, done) if not stop]
 
     def draft(self) -> DraftRound:
-        """1. Every active row's tree; one check for the batch: when no tree could pay at any row's context, no
-        row's policy runs and every row takes a plain step."""
+        """1. Every active row's tree; with auto sizing, one check for the batch: when no tree could pay at any row's
+        context, no row's policy runs and every row takes a plain step; else each row grows by its own budget."""
         self.timer.drafting()
         contexts = [row.context for row in self.active]
-        if self.policy.may_draft(min(context.context_length for context in contexts)):
+        sizing = self.sizing
+        if sizing is None or sizing.may_draft(min(context.context_length for context in contexts)):
+            if sizing is not None:
+                contexts = [sizing.budget(context) for context in contexts]
             sources = [WarpedDraftSource(row.drafter, row.processors, row.ids) for row in self.active]
             drafted = draft_trees(self.policy, sources, contexts)
         else:
@@ -224,12 +230,15 @@ class TreeDecodingLoop:
     def commit(self, drafted: DraftRound, verification: Verification) -> None:
         """3. The policy observes the step; each row's drafter takes its accepted path and the target's features."""
         verdicts, timer = verification.verdicts, self.timer
-        self.policy.observe(StepOutcome(
+        outcome = StepOutcome(
             trees=drafted.trees, accepted=[v.accepted for v in verdicts], contexts=[row.context for row in self.active],
             width=verification.width, context_length=sum(row.context_length for row in self.active) // len(self.active),
             draft_seconds=timer.step_draft, verify_seconds=timer.step_verify, draft_rounds=drafted.rounds,
             shapes=drafted.shapes,
-        ))
+        )
+        self.policy.observe(outcome)
+        if self.sizing is not None:
+            self.sizing.observe(outcome)
         joined = self.joined(verification.states)
         for slot, (row, tree, verdict) in enumerate(zip(self.active, drafted.trees, verdicts)):
             row.tree_sizes.append(tree.num_nodes - 1)

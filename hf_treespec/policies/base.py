@@ -13,11 +13,11 @@ Growth yields typed requests (`LogprobsRequest`; the fast paths `GreedyChainRequ
 ``capabilities`` declares them, through the helpers `draft_greedy_chain` / `topk_children` / `sibling_sequence`,
 used as ``tree = yield from draft_greedy_chain(...)``) and receives their answers. The loop answers one request per
 row of a batch with one batched drafter forward (`hf_treespec.generation.drafting.draft_trees`); `TreePolicy.build`
-answers them from one `DraftSource` (tests, trainers, a policy driven by hand). A policy may also override three
-hooks the loop calls around growth: ``setup(DecodingSetup)`` once per generate call, ``observe(StepOutcome)`` after
-every verified step (transformers' ``update_candidate_strategy``), and ``may_draft(context_length)`` before a step
-(False: the step is a plain one, no growth). Their defaults implement ``tree_budget="auto"``: the policy owns a
-`SpeedModel`, sizes trees with it and learns from every step.
+answers them from one `DraftSource` (tests, trainers, a policy driven by hand). A policy may also override two
+hooks the loop calls around growth: ``setup(DecodingSetup)`` once per generate call and ``observe(StepOutcome)``
+after every verified step (transformers' ``update_candidate_strategy``). Sizing is not the policy's: with
+``tree_budget="auto"`` the loop decides whether a step drafts at all and hands the policy the step's `StepBudget`
+in ``context.budget`` (`hf_treespec.budget.step_budget` reads it).
 
 * ``context`` (`StepContext`) is filled by the loop every step: ``device``, ``root_token``, ``context_length``,
   ``temperature`` / ``top_p`` and the target's warped probabilities at the root's parent. Facts that cost something
@@ -40,12 +40,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from ..cost.speed_model import SpeedModel, speed_model_for
+from ..budget import check_budget, is_auto
 from ..registry import Registry
 from ..step_context import CONTEXT_NEEDS, DecodingSetup, StepContext, StepOutcome
 from ..randomness import Randomness, without_replacement
-from ..tree import DraftTree, Regime, on_path, to_host
-from .auto import TreeSizer, check_budget, is_auto
+from ..tree import DraftTree, Regime, to_host
 
 if TYPE_CHECKING:
     from ..drafters.base import Drafter
@@ -195,20 +194,11 @@ class TreePolicy(ABC):
     name: ClassVar[str] = ""
     #: optional `StepContext` facts this policy reads (names from `CONTEXT_NEEDS`); the loop gathers only these
     context_needs: frozenset[str] = frozenset()
-    #: True for policies that implement ``tree_budget="auto"``
+    #: True for policies whose growth reads a `StepBudget` (``tree_budget="auto"``)
     supports_auto: ClassVar[bool] = False
-
-    @property
-    def auto_sized(self) -> bool:
-        """True when the tree is sized per step by measured cost (``tree_budget="auto"``): `setup` then gives the
-        policy its `SpeedModel`, which learns from every step the loop reports to `observe`."""
-        return is_auto(self.params.get("tree_budget"))
 
     def __init__(self, do_sample: bool = False, **params: Any):
         self.do_sample = do_sample
-        #: the cost / acceptance model an auto-sized policy decides with: set by `setup` (kept on the target across
-        #: generate calls); assign one to drive ``build`` by hand
-        self.speed: SpeedModel | None = None
         unknown = set(params) - set(self.defaults)
         if unknown:
             raise TypeError(f"tree_policy={self.name!r} does not take {sorted(unknown)}")
@@ -259,53 +249,10 @@ class TreePolicy(ABC):
 
     # ---------------------------------------------------------------------------------------------- loop hooks
     def setup(self, setup: DecodingSetup) -> None:
-        """Called once per generate call before the first step. An auto-sized policy takes its `SpeedModel`, kept
-        on the target per (drafter, sampling settings, batch size), so it keeps learning across calls; its cost
-        curve is calibrated at first use and cached on disk."""
-        if not self.auto_sized:
-            return
-        assistant = getattr(setup.drafter, "model", setup.drafter)
-        key = (id(assistant), getattr(assistant, "name_or_path", ""), type(setup.drafter).__name__,
-               setup.temperature, setup.top_p)
-        self.speed = speed_model_for(setup.target, key, batch=setup.batch,
-                                     batched_drafting=setup.drafter.batches_rows, compiled=setup.compiled)
+        """Called once per generate call before the first step (state a policy keeps across a call). Default: none."""
 
     def observe(self, outcome: StepOutcome) -> None:
-        """Feedback after every verified step. An auto-sized policy's speed model learns the step's costs, the
-        acceptance of its draft scores and, for a sampled shape, the acceptance per depth of that shape."""
-        if self.speed is None:
-            return
-        for shape, path in zip(outcome.shapes, outcome.accepted):
-            if shape is not None:
-                self.speed.depth_acceptance.observe(*shape, int(path.numel()) - 1)
-        self.speed.observe_step(
-            tree_scores=torch.cat([tree.scores[1:] for tree in outcome.trees]),
-            on_path=torch.cat([on_path(tree, path) for tree, path in zip(outcome.trees, outcome.accepted)]),
-            rows=outcome.width, context=outcome.context_length, draft_seconds=outcome.draft_seconds,
-            draft_forwards=outcome.draft_rounds, verify_seconds=outcome.verify_seconds, tokens=outcome.tokens,
-            trees=len(outcome.trees),
-        )
-
-    def may_draft(self, context_length: int) -> bool:
-        """Whether a step at ``context_length`` could draft at all; when False the loop runs a plain step without
-        calling ``build`` (a batch: no row's ``build``). Auto-sized: whether any tree could beat a draft-free step
-        (`TreeSizer.could_pay`)."""
-        return self.speed is None or TreeSizer(self.speed, context_length).could_pay()
-
-    @property
-    def wants_timing(self) -> bool:
-        """Whether the loop must time drafting and verification for this policy (a device sync per timing point on
-        a GPU): auto sizing learns from measured time, and ``"latencies"`` in ``context_needs`` reads it."""
-        return self.auto_sized or "latencies" in self.context_needs
-
-    def sizer(self, context: StepContext) -> TreeSizer:
-        """This step's cost rule (``tree_budget="auto"``); a clear error when no speed model was set up."""
-        if self.speed is None:
-            raise ValueError(
-                f"tree_policy={self.name!r} with tree_budget='auto' sizes trees from measured costs: model.generate "
-                "sets it up; when calling build() directly, set policy.speed = SpeedModel(curve) first."
-            )
-        return TreeSizer(self.speed, int(context.context_length))
+        """Feedback after every verified step (what was drafted, what was accepted). Default: none."""
 
     @property
     def is_chain(self) -> bool:

@@ -4,9 +4,9 @@ A capacity-N queue Q of unexpanded nodes and the output tree G. Each iteration p
 drops those that cannot stay in G (pr <= min pr of a full G), stops when what is left sums below ``th`` (SALF;
 th = 0 is the optimal search), and expands the rest in one batched draft forward.
 
-With ``tree_budget="auto"`` the measured cost rule (`.auto`) replaces both N and th: the search keeps expanding while
-the next expansions can still raise the expected tokens per second, then keeps the best-ranked prefix of G (possibly
-the root alone). SALF and optimal search are then the same policy.
+With ``tree_budget="auto"`` the step's `StepBudget` (``context.budget``, from the decoding loop's sizing) replaces both
+N and th: the search keeps expanding while the budget says the next expansions can still pay, then keeps the prefix
+of G the budget prunes to (possibly the root alone). SALF and optimal search are then the same policy.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from ..tree import DraftTree
-from .auto import AUTO, AUTO_MAX_NODES
+from ..budget import AUTO, step_budget
 from .base import POLICIES, Draft, Growth, TreePolicy, topk_children
 
 
@@ -33,11 +33,9 @@ class SALFPolicy(TreePolicy):
 
     def grow(self, root_token, *, context, capabilities=frozenset(), generator=None) -> Growth:
         device = torch.device("cpu")  # trees are host bookkeeping (see DraftTree)
-        sizer = self.sizer(context) if self.auto_sized else None
+        sizer = step_budget(context, self.params.get("tree_budget"), self.name)
         tree = DraftTree.root(root_token, device=device)
-        if sizer is not None and not sizer.should_draft():
-            return Draft(tree)
-        budget = AUTO_MAX_NODES if sizer is not None else int(self.params["tree_budget"])
+        budget = sizer.max_nodes if sizer is not None else int(self.params["tree_budget"])
         capacity = budget + 1  # G holds the root and N draft nodes
         batch, th = int(self.params["salf_batch"]), float(self.params["salf_threshold"])
         max_depth = self.params["tree_depth"]
@@ -53,9 +51,8 @@ class SALFPolicy(TreePolicy):
             if expand.numel() == 0:
                 break
             if sizer is not None:
-                if not sizer.worth_expanding(tree, expand, in_g):
+                if not sizer.expand_again(tree, expand, in_g):
                     break
-                sizer.expansions += 1
             elif float(tree.scores[expand].exp().sum()) < th:
                 break
             vals, toks = yield from topk_children(tree, expand, capacity, capabilities)

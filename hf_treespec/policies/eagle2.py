@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..tree import DraftTree
-from .auto import AUTO, AUTO_MAX_NODES
+from ..budget import AUTO, step_budget
 from ..tree import top_by_score
 from .base import POLICIES, Draft, Growth, TreePolicy, topk_children
 
@@ -27,20 +27,16 @@ class Eagle2Policy(TreePolicy):
 
     def grow(self, root_token, *, context, capabilities=frozenset(), generator=None) -> Growth:
         """With ``tree_budget="auto"`` the beam deepens while the cost rule says the next level can pay, and the final
-        rerank keeps the rate-maximising number of nodes (possibly none: a step without drafts)."""
+        rerank keeps what the step's `StepBudget` prunes to (possibly no node: a step without drafts)."""
         device = torch.device("cpu")  # trees are host bookkeeping (see DraftTree)
-        sizer = self.sizer(context) if self.auto_sized else None
+        sizer = step_budget(context, self.params.get("tree_budget"), self.name)
         tree = DraftTree.root(root_token, device=device)
-        if sizer is not None and not sizer.should_draft():
-            return Draft(tree)
         k, depth = int(self.params["tree_topk"]), int(self.params["tree_depth"])
-        budget = AUTO_MAX_NODES if sizer is not None else int(self.params["tree_budget"])
+        budget = sizer.max_nodes if sizer is not None else int(self.params["tree_budget"])
         frontier = torch.zeros(1, dtype=torch.long, device=device)
         for _ in range(depth):
-            if sizer is not None:
-                if not sizer.worth_expanding(tree, frontier):
-                    break
-                sizer.expansions += 1
+            if sizer is not None and not sizer.expand_again(tree, frontier):
+                break
             tree, new = add_topk_children(tree, frontier, *(yield from topk_children(tree, frontier, k, capabilities)))
             if new.numel() == 0:  # the drafter has no proposal here
                 break

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ..budget import step_budget
 from ..randomness import Randomness, multinomial_counts
 from ..step_context import StepContext
 from ..tree import DraftTree, Regime
@@ -83,8 +84,9 @@ class SampledPathsPolicy(TreePolicy):
         trunk, paths, branch = self.shape()
         tree = DraftTree.root(root_token, regime=self.regime)
         chosen = None
-        if self.auto_sized:  # (k, l) per step by measured cost, the kwargs as upper bounds; None: no drafts
-            chosen = self.sizer(context).choose_shape(lambda k, depth: k * depth, paths, branch)
+        sizer = step_budget(context, self.params.get("tree_budget"), self.name)
+        if sizer is not None:  # (k, l) per step from the step's budget, the kwargs as upper bounds; None: no drafts
+            chosen = sizer.choose_shape(lambda k, depth: k * depth, paths, branch)
             if chosen is None:
                 return Draft(tree)
             paths, branch = chosen

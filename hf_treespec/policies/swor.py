@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..budget import step_budget
 from ..randomness import Randomness, without_replacement
 from ..step_context import StepContext
 from ..tree import DraftTree, Regime, to_host
@@ -37,8 +38,9 @@ class SWORPolicy(TreePolicy):
         k, depth = int(self.params["tree_topk"]), int(self.params["tree_depth"])
         tree = DraftTree.root(root_token, regime=self.regime)
         chosen = None
-        if self.auto_sized:
-            chosen = self.sizer(context).choose_shape(lambda k, d: k + (d - 1) * k * k, k, depth)
+        sizer = step_budget(context, self.params.get("tree_budget"), self.name)
+        if sizer is not None:  # (k, l) per step from the step's budget, the kwargs as upper bounds; None: no drafts
+            chosen = sizer.choose_shape(lambda k, d: k + (d - 1) * k * k, k, depth)
             if chosen is None:
                 return Draft(tree)
             k, depth = chosen

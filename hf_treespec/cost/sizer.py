@@ -1,4 +1,5 @@
-"""``tree_budget="auto"``: size every tree by expected tokens per second under measured costs.
+"""`TreeSizer`: the `StepBudget` of ``tree_budget="auto"``, sizing every tree by expected tokens per second under
+measured costs (`SpeedModel`). The decoding loop's sizing component builds one per row and step.
 
 A step that verifies the root plus ``n`` draft nodes, after ``e`` draft forwards, is expected to commit
 ``1 + sum_i a_i`` tokens (``a_i``: calibrated probability that node i is accepted; a node's tokens count once its
@@ -16,12 +17,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..tree import DraftTree, top_by_score
 
-AUTO = "auto"
+if TYPE_CHECKING:
+    from .speed_model import SpeedModel
+
 #: most draft nodes an auto-sized tree may hold (the cost rule usually stops far earlier on a CPU)
 AUTO_MAX_NODES = 96
 #: expansions looked ahead when deciding whether to expand again
@@ -31,25 +35,11 @@ SHAPE_KS = (1, 2, 3, 4, 6, 8)
 SHAPE_LS = (1, 2, 3, 4, 5, 6, 8)
 
 
-def is_auto(value) -> bool:
-    return isinstance(value, str) and value == AUTO
-
-
-def check_budget(value) -> None:
-    """``tree_budget`` is a positive int or "auto"."""
-    if isinstance(value, str):
-        if value != AUTO:
-            raise ValueError(f"tree_budget must be a number of draft nodes (>= 1) or 'auto', got {value!r}.")
-        return
-    if int(value) < 1:
-        raise ValueError(f"tree_budget must be >= 1 (number of draft nodes per step) or 'auto', got {value}.")
-
-
 @dataclass
 class TreeSizer:
     """The cost rule for one step: built from the loop's `SpeedModel` and the step's context length."""
 
-    speed: object  # hf_treespec.cost.speed_model.SpeedModel (duck-typed: target costs, draft cost, acceptance)
+    speed: "SpeedModel"
     context: int
     max_nodes: int = AUTO_MAX_NODES
     expansions: int = 0
@@ -68,10 +58,6 @@ class TreeSizer:
 
     def cost(self, rows: int) -> float:
         return float(self._costs[min(rows, self._costs.numel()) - 1])
-
-    def should_draft(self) -> bool:
-        """Whether this step may run the drafter at all (measured drafted vs. draft-free speed, with re-probing)."""
-        return self.mode != "skip"
 
     def could_pay(self, max_depth: int = AUTO_MAX_NODES) -> bool:
         """Whether any tree could beat a draft-free step this step: an upper bound over every policy's trees. A tree
@@ -111,6 +97,13 @@ class TreeSizer:
         depths = torch.arange(1, levels + 1, dtype=torch.float32)[:, None]
         below = scores.float().cpu()[None, :] + depths * self.speed.child_logprob
         return self.speed.acceptance(below.flatten()).view_as(below).sum(-1).double().cumsum(0)
+
+    def expand_again(self, tree: DraftTree, expand: torch.Tensor, members: torch.Tensor | None = None) -> bool:
+        """`StepBudget.expand_again`: `worth_expanding`, counting the expansion (its draft forward) when True."""
+        if self.worth_expanding(tree, expand, members):
+            self.expansions += 1
+            return True
+        return False
 
     def worth_expanding(self, tree: DraftTree, expand: torch.Tensor, members: torch.Tensor | None = None) -> bool:
         """Whether expanding ``expand`` (and up to LOOKAHEAD - 1 further levels below) is expected to raise the best

@@ -1,0 +1,69 @@
+"""`TreeSizing`: the decoding loop's fourth component (beside drafter, policy and verifier) for
+``tree_budget="auto"``.
+
+It owns what sizing needs and the policy does not: the `SpeedModel` (measured step costs, the drafter's cost,
+acceptance by draft score), the draft-or-not decision before each step, the `StepBudget` each drafting row grows by
+(``StepContext.budget``), and the observation of every verified step. A policy only reads its step's budget, so a
+policy written for numeric budgets is sized by the same rule, and the trainers, which grow fixed-size trees, never
+build one.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..budget import is_auto
+from ..cost.sizer import TreeSizer
+from ..cost.speed_model import SpeedModel, speed_model_for
+from ..policies.base import TreePolicy
+from ..step_context import DecodingSetup, StepContext, StepOutcome
+from ..tree import on_path
+
+
+class TreeSizing:
+    """Sizes every step of one generate call from a `SpeedModel` (kept on the target across calls)."""
+
+    #: sizing learns from measured time: the loop's clock must run
+    wants_timing = True
+
+    def __init__(self, speed: SpeedModel):
+        self.speed = speed
+
+    @classmethod
+    def for_generation(cls, policy: TreePolicy, setup: DecodingSetup) -> "TreeSizing | None":
+        """The sizing of a generate call whose policy was given ``tree_budget="auto"``; None for a numeric budget
+        (the policy sizes its own trees). The speed model is the target's for this drafter object and these
+        sampling settings; its cost curve is calibrated at first use for this batch size and forward (eager or
+        compiled) and cached on disk per machine."""
+        if not is_auto(policy.params.get("tree_budget")):
+            return None
+        assistant = getattr(setup.drafter, "model", setup.drafter)
+        key = (type(setup.drafter).__name__, setup.temperature, setup.top_p)
+        speed = speed_model_for(setup.target, assistant, key, batch=setup.batch,
+                                batched_drafting=setup.drafter.batches_rows, compiled=setup.compiled)
+        return cls(speed)
+
+    def may_draft(self, context_length: int) -> bool:
+        """Whether a step at ``context_length`` could draft at all: some tree could beat a draft-free step
+        (`TreeSizer.could_pay`), or a probe is due. False: the step is a plain one and no policy runs."""
+        return TreeSizer(self.speed, context_length).could_pay()
+
+    def budget(self, context: StepContext) -> StepContext:
+        """``context`` with this step's `StepBudget` for its row (one per row: it counts that row's expansions)."""
+        context.budget = TreeSizer(self.speed, int(context.context_length))
+        return context
+
+    def observe(self, outcome: StepOutcome) -> None:
+        """One verified step: its costs, the acceptance of its draft scores and, for a sampled shape, the
+        acceptance per depth of that shape."""
+        speed = self.speed
+        for shape, path in zip(outcome.shapes, outcome.accepted):
+            if shape is not None:
+                speed.depth_acceptance.observe(*shape, int(path.numel()) - 1)
+        speed.observe_step(
+            tree_scores=torch.cat([tree.scores[1:] for tree in outcome.trees]),
+            on_path=torch.cat([on_path(tree, path) for tree, path in zip(outcome.trees, outcome.accepted)]),
+            rows=outcome.width, context=outcome.context_length, draft_seconds=outcome.draft_seconds,
+            draft_forwards=outcome.draft_rounds, verify_seconds=outcome.verify_seconds, tokens=outcome.tokens,
+            trees=len(outcome.trees),
+        )
