@@ -12,7 +12,9 @@ import inspect
 import torch
 from transformers import PreTrainedModel
 
-TREE_MASK_ATTENTION = ("sdpa", "eager")
+#: attention implementations that take a 4D float mask: transformers' own, and the compiled steps' lean stand-ins for
+#: them (`hf_treespec.compiled.attention`)
+TREE_MASK_ATTENTION = ("sdpa", "eager", "treespec_lean_sdpa", "treespec_lean_eager")
 
 
 def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -31,6 +31,7 @@ import torch
 from ..attention import causal_row_mask
 from ..compat import CACHE_KWARG
 from ..features import CapturedStates, decoder_layers
+from .attention import use_lean_attention
 from .preallocated import reserve
 
 logger = logging.getLogger(__name__)
@@ -166,6 +167,9 @@ class CompiledForward:
     def __post_init__(self) -> None:
         self._parts: list[torch.Tensor | None] = []
         self._hooks = self._capture_hooks()
+        #: the model's attention reads only the rows a step's mask covers, KV heads in place (`compiled.attention`);
+        #: else the graph attends over every buffer row
+        self.lean = use_lean_attention(self.model)
         self._compiled = torch.compile(_with_own_code(self._forward), **self.settings.compile_kwargs())
 
     def _capture_hooks(self) -> list:
@@ -197,17 +201,20 @@ class CompiledForward:
         ``attention_mask`` over the cached rows and the new ones, as an eager forward takes it; returns what
         `_forward` returns (the target's logits ``[B, q, V]``)."""
         rows = input_ids.shape[1]
-        reserve(cache, rows)
+        # lean attention reads the rows its mask covers, which must stay fewer than the buffer's (a free row kept)
+        reserve(cache, rows + 1 if self.lean else rows)
         self.clear()
         first = cache.layers[0]
         if self.failure is not None or not first.is_initialized:  # an empty cache's first forward is a prefill
             return self._forward(input_ids, position_ids, attention_mask, cache, **extra)
         used = first.keys.shape[-2] + rows
         first.slots.index = torch.arange(used - rows, used, device=input_ids.device)
-        # the graph attends over every buffer column; the columns past the step's rows are masked out
-        lowest = torch.finfo(attention_mask.dtype).min
-        mask = attention_mask.new_full((*attention_mask.shape[:-1], first.capacity), lowest)
-        mask[..., :used] = attention_mask
+        if self.lean:  # the attention reads the first ``used`` buffer rows: the mask's length
+            mask = attention_mask
+        else:  # the graph attends over every buffer column; the columns past the step's rows are masked out
+            lowest = torch.finfo(attention_mask.dtype).min
+            mask = attention_mask.new_full((*attention_mask.shape[:-1], first.capacity), lowest)
+            mask[..., :used] = attention_mask
         _mark_varying(input_ids, position_ids, mask, first.slots.index, extra)
         try:
             out = self._compiled_call(input_ids, position_ids, mask, cache, extra)
