@@ -19,6 +19,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ..attention import causal_row_mask
@@ -46,11 +47,12 @@ def _interp(x: float, xs: list[float], ys: list[float]) -> float:
     return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
-def _interp_tensor(x: torch.Tensor, xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
-    """`_interp` over a tensor of points."""
-    if xs.numel() == 1:
-        return ys.expand_as(x).clone()
-    i = torch.searchsorted(xs, x).clamp(1, xs.numel() - 1)
+def _interp_numpy(x: np.ndarray, xs: list[float], ys: list[float]) -> np.ndarray:
+    """`_interp` over an array of points (linear extrapolation past both ends, as `_interp`)."""
+    xs, ys = np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64)
+    if xs.size == 1:
+        return np.full_like(x, ys[0])
+    i = np.clip(np.searchsorted(xs, x), 1, xs.size - 1)
     x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
     return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
@@ -69,6 +71,7 @@ class CostCurve:
             len(row) != len(self.sizes) for row in self.seconds
         ):
             raise ValueError("CostCurve: seconds must be [len(contexts)][len(sizes)] with at least one size.")
+        self._dense: np.ndarray | None = None  # per-row costs at every calibrated context (see `costs`)
 
     def __call__(self, rows: int, context: int) -> float:
         """Predicted seconds; never below the one-row cost's floor of 0 and nondecreasing in ``rows``."""
@@ -78,20 +81,23 @@ class CostCurve:
         return max(_interp(context, self.contexts, per_context), 1e-9)
 
     def costs(self, max_rows: int, context: int) -> torch.Tensor:
-        """``[max_rows]`` predicted seconds for 1..max_rows rows (one vectorised call per decoding step)."""
-        rows = torch.arange(1, max_rows + 1, dtype=torch.float64)
-        sizes = torch.tensor(self.sizes, dtype=torch.float64)
-        per_context = [_interp_tensor(rows, sizes, torch.tensor(r, dtype=torch.float64)) for r in self.seconds]
+        """``[max_rows]`` predicted seconds for 1..max_rows rows, nondecreasing (a few tensor ops: the per-row costs
+        at every calibrated context are interpolated once per change of the curve, then blended per call)."""
+        dense = self._dense
+        if dense is None or dense.shape[1] < max_rows:
+            rows = np.arange(1, max(max_rows, 128) + 1, dtype=np.float64)
+            dense = np.stack([_interp_numpy(rows, self.sizes, row) for row in self.seconds])
+            self._dense = dense
         if len(self.contexts) == 1:
-            out = per_context[0]
+            out = dense[0, :max_rows]
         else:
-            contexts = [float(c) for c in self.contexts]
+            contexts = self.contexts
             i = 1
             while i < len(contexts) - 1 and context > contexts[i]:
                 i += 1
             w = (context - contexts[i - 1]) / (contexts[i] - contexts[i - 1])
-            out = per_context[i - 1] + w * (per_context[i] - per_context[i - 1])
-        return out.clamp(min=1e-9).cummax(0).values
+            out = dense[i - 1, :max_rows] + w * (dense[i, :max_rows] - dense[i - 1, :max_rows])
+        return torch.from_numpy(np.maximum.accumulate(np.maximum(out, 1e-9)))
 
     def observe(self, rows: int, context: int, seconds: float, rate: float = COST_RATE) -> None:
         """Moves the grid points around (rows, context) towards a measured step, weighted by closeness, then keeps the
@@ -105,6 +111,7 @@ class CostCurve:
         span = max(self.sizes[hi] - self.sizes[lo], 1)
         weights = {hi: 1.0} if lo == hi else {lo: (self.sizes[hi] - rows) / span, hi: (rows - self.sizes[lo]) / span}
         row = self.seconds[j]
+        self._dense = None
         for i, w in weights.items():
             row[i] *= 1 + rate * max(w, 0.0) * (ratio - 1)
         for i in range(1, len(row)):

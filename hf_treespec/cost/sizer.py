@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from ..tree import DraftTree, top_by_score
@@ -47,17 +48,27 @@ class TreeSizer:
     def __post_init__(self) -> None:
         self.mode = self.speed.step_mode(self.context)
 
-    # read lazily: a step the speed model skips (no tree pays) never interpolates the cost curve
+    # read lazily: a step the speed model skips (no tree pays) never interpolates the cost curve. The per-step
+    # arithmetic runs on numpy arrays of ~100 floats: torch's per-op overhead, ~40 ops a step, was ~1 ms of a 10-20
+    # ms compiled step
     @cached_property
-    def _costs(self) -> torch.Tensor:
-        return self.speed.step_costs(self.max_nodes + LOOKAHEAD + 2, self.context)
+    def _costs(self) -> np.ndarray:
+        return self.speed.step_costs(self.max_nodes + LOOKAHEAD + 2, self.context).numpy()
 
     @cached_property
     def t_draft(self) -> float:
         return float(self.speed.draft_seconds(self.context))
 
     def cost(self, rows: int) -> float:
-        return float(self._costs[min(rows, self._costs.numel()) - 1])
+        return float(self._costs[min(rows, self._costs.size) - 1])
+
+    def _accept(self, scores: np.ndarray) -> np.ndarray:
+        """Acceptance probabilities of draft log-scores (the speed model's table; any callable on tensors too)."""
+        table = self.speed.acceptance
+        fast = getattr(table, "probabilities", None)
+        if fast is not None:
+            return fast(scores)
+        return table(torch.from_numpy(scores).float()).double().numpy()
 
     def could_pay(self, max_depth: int = AUTO_MAX_NODES) -> bool:
         """Whether any tree could beat a draft-free step this step: an upper bound over every policy's trees. A tree
@@ -66,16 +77,17 @@ class TreeSizer:
         mode (a probe drafts regardless). Lets a batch skip every row's policy when no row could draft."""
         if self.mode != "size":
             return self.mode == "probe"
-        depths = torch.arange(1, min(max_depth, self._costs.numel() - 1) + 1, dtype=torch.float64)
-        best = ((1 + depths) / (depths * self.t_draft + self._costs[depths.long()])).max()
-        return bool(best > 1.0 / self.cost(1))
+        costs = self._costs
+        depths = np.arange(1, min(max_depth, costs.size - 1) + 1, dtype=np.float64)
+        best = ((1 + depths) / (depths * self.t_draft + costs[1 : depths.size + 1])).max()
+        return bool(best > 1.0 / costs[0])
 
-    def rates(self, ranked_scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def rates(self, ranked_scores) -> tuple[np.ndarray, np.ndarray]:
         """For candidate draft nodes ranked best first (every prefix closed under parents): expected tokens and
         expected tokens/s of keeping the first n of them, n = 0..len, with the draft time spent so far."""
-        accept = self.speed.acceptance(ranked_scores.float().cpu()).double()
-        tokens = torch.cat([torch.ones(1, dtype=torch.float64), 1 + accept.cumsum(0)])
-        rows = min(tokens.numel(), self._costs.numel())
+        accept = self._accept(np.asarray(ranked_scores, dtype=np.float64))
+        tokens = np.concatenate([[1.0], 1 + np.cumsum(accept)])
+        rows = min(tokens.size, self._costs.size)
         seconds = self.expansions * self.t_draft + self._costs[:rows]
         return tokens[:rows], tokens[:rows] / seconds
 
@@ -83,20 +95,22 @@ class TreeSizer:
         """(n, expected tokens, rate) of the best prefix of ``members`` (bool over nodes, root excluded; all when
         None) ranked by draft score."""
         scores = tree.scores[1:] if members is None else tree.scores[1:][members[1:]]
-        ranked = torch.sort(scores, descending=True, stable=True).values[: self.max_nodes]
+        ranked = -np.sort(-scores.detach().cpu().double().numpy())[: self.max_nodes]
         tokens, rates = self.rates(ranked)
         n = int(rates.argmax())
         return n, float(tokens[n]), float(rates[n])
 
-    def expected_gain(self, scores: torch.Tensor, levels: int) -> torch.Tensor:
+    def expected_gain(self, scores, levels: int) -> np.ndarray:
         """``[levels]`` expected accepted tokens added by expanding the nodes of draft log-scores ``scores`` and then
         the best descendants below them, 1..levels levels deep: a best child scores `SpeedModel.child_logprob` below
         its parent on average, and the acceptance table turns every score into a probability. An estimate, not a
         bound: bounding each level by the expanded nodes' own acceptance ran 2.7 draft forwards a step on a CPU where
         a fixed 4-node tree (1.4 forwards) was faster."""
-        depths = torch.arange(1, levels + 1, dtype=torch.float32)[:, None]
-        below = scores.float().cpu()[None, :] + depths * self.speed.child_logprob
-        return self.speed.acceptance(below.flatten()).view_as(below).sum(-1).double().cumsum(0)
+        scores = np.asarray(scores.detach().cpu().double() if isinstance(scores, torch.Tensor) else scores,
+                            dtype=np.float64)
+        depths = np.arange(1, levels + 1, dtype=np.float64)[:, None]
+        below = scores[None, :] + depths * self.speed.child_logprob
+        return np.cumsum(self._accept(below.ravel()).reshape(below.shape).sum(-1))
 
     def expand_again(self, tree: DraftTree, expand: torch.Tensor, members: torch.Tensor | None = None) -> bool:
         """`StepBudget.expand_again`: `worth_expanding`, counting the expansion (its draft forward) when True."""
@@ -116,12 +130,11 @@ class TreeSizer:
         is_root = (tree.parents[expand] < 0).cpu()
         gains = self.expected_gain(tree.scores[expand][~is_root], LOOKAHEAD)
         if bool(is_root.any()):  # the root's own children: the bound (one token per level), so the drafter runs
-            gains = gains + torch.arange(1, LOOKAHEAD + 1)  # wherever a tree could pay and its acceptance is measured
-        for h in range(1, LOOKAHEAD + 1):
-            seconds = (self.expansions + h) * self.t_draft + self.cost(n + 1 + h)
-            if (tokens + float(gains[h - 1])) / seconds > rate:
-                return True
-        return False
+            gains = gains + np.arange(1, LOOKAHEAD + 1)  # wherever a tree could pay and its acceptance is measured
+        steps = np.arange(1, LOOKAHEAD + 1)
+        rows = np.minimum(n + 1 + steps, self._costs.size) - 1
+        seconds = (self.expansions + steps) * self.t_draft + self._costs[rows]
+        return bool(((tokens + gains) / seconds > rate).any())
 
     def choose_shape(self, nodes_of, max_k: int, max_l: int) -> tuple[int, int] | None:
         """The (k, l) of a sampled tree that maximises expected tokens per second, ``(1 + sum_j alpha_k^j) /

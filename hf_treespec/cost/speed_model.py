@@ -18,6 +18,7 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from .curve import CostCurve, load_or_calibrate
@@ -61,11 +62,14 @@ class AcceptanceTable:
         self.decay = decay
         self.hits = torch.zeros(bins, dtype=torch.float64)
         self.counts = torch.zeros(bins, dtype=torch.float64)
+        self._edges = self.edges.double().numpy()
         self._rates = self._fit()
 
     def _fit(self) -> torch.Tensor:
         raw = (self.hits + self.prior_weight * self.prior) / (self.counts + self.prior_weight)
-        return _isotonic(raw, self.counts + self.prior_weight).float()
+        rates = _isotonic(raw, self.counts + self.prior_weight).float()
+        self._rates_np = rates.double().numpy()
+        return rates
 
     def bin_of(self, scores: torch.Tensor) -> torch.Tensor:
         return torch.bucketize(scores.detach().float().cpu(), self.edges)
@@ -73,6 +77,11 @@ class AcceptanceTable:
     def __call__(self, scores: torch.Tensor) -> torch.Tensor:
         """Acceptance probabilities ``[n]`` for draft log-scores ``[n]`` (on the CPU)."""
         return self._rates[self.bin_of(scores)]
+
+    def probabilities(self, scores: np.ndarray) -> np.ndarray:
+        """`__call__` on a float64 numpy array (the cost rule's per-step arithmetic runs in numpy: a few microseconds
+        per call where torch's per-op overhead would add up to a noticeable share of a compiled step)."""
+        return self._rates_np[np.searchsorted(self._edges, scores, side="left")]
 
     def observe(self, scores: torch.Tensor, accepted: torch.Tensor) -> None:
         """One verified tree: ``scores`` of its draft nodes, ``accepted`` (bool): whether each was accepted."""
