@@ -122,7 +122,7 @@ card = make_card(drafter.config, base_model="HuggingFaceTB/SmolLM2-135M-Instruct
                  objective=("EAGLE-3 training-time test (7 steps) + TALF tree loss (EAGLE-2 trees, k 4, depth 3) on "
                             "ShareGPT train conversations and the target's own answers to their prompts"),
                  draft_vocab_size=drafter.config.draft_vocab_size, results=results,
-                 command="bash examples/self_distill_eagle3.sh")
+                 command="bash examples/self_distill_eagle3.sh", target_asset="smollm2-135m-instruct")
 card.save(out / "README.md")
 size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) / 2**20
 print(f"{out}: {size:.1f} MiB (ship if <= 20 MiB: copy into hf_treespec/assets_data/drafters/smollm2-135m-instruct/)")

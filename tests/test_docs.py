@@ -12,7 +12,9 @@ here loading that model by name gives tiny random stand-ins, so the whole file r
   ``delay_selector/`` in its folder, so ``tree_policy="c2t"`` / ``"nde"`` find them);
 - ``generate`` stops after at most 8 new tokens (a random drafter is rarely accepted, so every token is a step).
 
-Any other model name goes to the real loaders. Blocks run in a temporary working directory (files they write land
+Any other model name goes to the real loaders. The drafter model cards (the shipped drafter's ``README.md`` and
+``model_cards/drafter_card.md``, rendered with and without a packaged target) run too, their blocks in order in one
+namespace, as a reader pastes them; there ``AutoModel.from_pretrained("path/to/drafter")`` loads the random drafter. Blocks run in a temporary working directory (files they write land
 there) with ``HF_TREESPEC_CACHE`` pointing into it. ``HF_TREESPEC_DOCS_REAL=1`` runs the blocks on the real models
 instead (no stand-ins, no token cap: minutes, and the 1.7B model needs the Hub). Command lines belong in ```bash
 blocks, which are not run; ```text blocks hold output. A block that cannot run here has no place in a ```python fence.
@@ -44,10 +46,10 @@ _FENCE = re.compile(r"^\s*```(\w*)\s*$")
 LANGUAGES = {"python", "bash", "text"}
 
 
-def fenced_blocks(path: Path) -> list[tuple[str, int, str]]:
-    """``(language, first line number, code)`` of every fenced block of a Markdown file."""
+def fenced_blocks(path: Path, text: str | None = None) -> list[tuple[str, int, str]]:
+    """``(language, first line number, code)`` of every fenced block of a Markdown file (or of ``text``)."""
     blocks, language, start, lines = [], None, 0, []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    for number, line in enumerate((path.read_text() if text is None else text).splitlines(), 1):
         if language is None:
             match = _FENCE.match(line)
             if match:
@@ -135,8 +137,16 @@ def stand_ins(monkeypatch, tmp_path, drafter_folder):
 
     model_loader = transformers.AutoModelForCausalLM.from_pretrained
     tokenizer_loader = transformers.AutoTokenizer.from_pretrained
+    auto_loader = transformers.AutoModel.from_pretrained
     real_default_drafter = hf_treespec.assets.default_drafter
     monkeypatch.chdir(tmp_path)
+
+    def load_auto(name, *args, **kwargs):  # a model card's "path/to/drafter"
+        if str(name) == CARD_DRAFTER:
+            name = hf_treespec.assets.shipped_drafter_path() if REAL else drafter_folder
+        return auto_loader(name, *args, **kwargs)
+
+    monkeypatch.setattr(transformers.AutoModel, "from_pretrained", load_auto)
     if REAL:
         return
 
@@ -175,6 +185,49 @@ def stand_ins(monkeypatch, tmp_path, drafter_folder):
 @pytest.mark.parametrize("code", python_blocks())
 def test_python_block_runs(code, stand_ins, request):
     exec(compile(code, request.node.callspec.id, "exec"), {"__name__": "__docs__"})
+
+
+# ---------------------------------------------------------------------------------------------- model cards
+SHIPPED_CARD = ROOT / "hf_treespec" / "assets_data" / "drafters" / "smollm2-135m-instruct" / "README.md"
+CARD_DRAFTER = "path/to/drafter"  # what a card rendered without repo_id loads the drafter from
+
+
+def card_text(card: str) -> str:
+    """The shipped drafter's card, or the card template rendered for the tiny stand-in (``template:asset``: trained
+    against a packaged target; ``template:hub``: against ``base_model``'s Hub weights), with both helper sections."""
+    if card == "shipped":
+        return SHIPPED_CARD.read_text()
+    from hf_treespec.drafters import TreeSpecDrafterConfig
+    from hf_treespec.model_card import make_card
+
+    config = TreeSpecDrafterConfig.for_target(tiny_target().config)
+    helper = {"data": "d", "objective": "o", "results": "r"}
+    return make_card(config, base_model="HuggingFaceTB/SmolLM2-135M-Instruct", data="d", objective="o",
+                     draft_vocab_size=config.draft_vocab_size, results={"tau": 2.0}, command="c",
+                     delay_selector=helper, c2t_classifier=helper,
+                     target_asset="smollm2-135m-instruct" if card == "template:asset" else None).content
+
+
+@pytest.mark.parametrize("card", ["shipped", "template:asset", "template:hub"])
+def test_model_card_blocks_run_in_order(card, stand_ins):
+    text = card_text(card)
+    blocks = [(line, code) for language, line, code in fenced_blocks(Path(card), text) if language == "python"]
+    assert len(blocks) == 3, "a card shows its usage, the NDE selector's and the C2T classifier's"
+    namespace = {"__name__": "__docs__"}
+    for line, code in blocks:
+        exec(compile(code, f"{card}:{line}", "exec"), namespace)
+
+
+def test_tree_policy_snippets_show_how_generate_takes_it():
+    """A snippet that calls generate(tree_policy=...) shows enable(...) or custom_generate=: stock generate refuses
+    the kwarg, so a reader pasting only that block must see which of the two makes it work."""
+    texts = {str(path.relative_to(ROOT)): path.read_text() for path in DOCS}
+    texts.update({card: card_text(card) for card in ("shipped", "template:asset", "template:hub")})
+    bare = [f"{name}:{line}" for name, text in texts.items()
+            for language, line, code in fenced_blocks(Path(name), text)
+            if language == "python" and re.search(r"generate\([^)]*tree_policy", code, re.S)
+            and "enable(" not in code and "custom_generate=" not in code]
+    assert not bare, f"generate(tree_policy=...) without enable or custom_generate: {bare}"
 
 
 # -------------------------------------------------------------------------------------------- README checks
