@@ -33,7 +33,8 @@ import torch
 from conftest import char_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
 SMOLLM2_IDS = {"HuggingFaceTB/SmolLM2-135M-Instruct", "smollm2-135m-instruct",
                "HuggingFaceTB/SmolLM2-1.7B-Instruct"}
 CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ .!?+/012345"  # 64 tokens, chat template included
@@ -256,20 +257,49 @@ def test_every_docs_page_is_linked_and_has_a_python_block():
         assert any(language == "python" for language, _, _ in blocks), f"docs/{name}.md has no python block"
 
 
-def test_every_registered_policy_and_verifier_is_in_the_readme_table():
+def test_every_registered_policy_and_verifier_is_in_its_docs_table():
     from hf_treespec.policies import POLICIES
     from hf_treespec.verifiers import VERIFIERS
 
-    readme = (ROOT / "README.md").read_text()
-    rows = {m.group(1) for m in re.finditer(r"^\| `(\w+)` \|", readme, re.MULTILINE)}
-    assert set(POLICIES) | set(VERIFIERS) <= rows
+    for registry, page in ((POLICIES, "policies.md"), (VERIFIERS, "verifiers.md")):
+        text = (ROOT / "docs" / page).read_text()
+        rows = {m.group(1) for m in re.finditer(r"^\| `(\w+)` \|", text, re.MULTILINE)}
+        assert set(registry) <= rows, f"docs/{page} has no row for {sorted(set(registry) - rows)}"
+
+
+NUMBER_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
+                "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty"]
+
+
+def test_readme_counts_policies_and_verifiers_from_the_registry():
+    from hf_treespec.policies import POLICIES
+    from hf_treespec.verifiers import VERIFIERS
+
+    match = re.search(r"(\w+) tree-growing \*\*policies\*\* and (\w+) verifiers", (ROOT / "README.md").read_text())
+    assert match, "README no longer says how many policies and verifiers there are"
+    assert match.groups() == (NUMBER_WORDS[len(POLICIES.names())], NUMBER_WORDS[len(VERIFIERS.names())])
+
+
+README_SECTIONS = ["What it is", "Install", "Quick start with your own model", "Which options to pick",
+                   "What to expect on your hardware", "Limits"]
+
+
+def test_readme_is_for_users_short_and_in_order():
+    text = (ROOT / "README.md").read_text()
+    lines = text.splitlines()
+    assert len(lines) <= 250, f"README has {len(lines)} lines (at most 250: details go to docs/)"
+    wide = [number for number, line in enumerate(lines, 1) if len(line) > 120]
+    assert not wide, f"README lines longer than 120 characters: {wide}"
+    headings = re.findall(r"^## (.+)$", text, re.MULTILINE)
+    assert headings[: len(README_SECTIONS)] == README_SECTIONS
+    for page in ("docs/architecture.md", "CONTRIBUTING.md", "docs/glossary.md"):
+        assert f"({page})" in text, f"README does not link {page}"
 
 
 def architecture_map_paths() -> list[str]:
-    """The paths the README's architecture table names in its first column (``a/b.py``, ``c.py``: the second is in
-    the first one's folder)."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Architecture", 1)[1].split("\n## ", 1)[0]
+    """The paths the architecture map (docs/architecture.md, "Folder map") names in its first column (``a/b.py``,
+    ``c.py``: the second is in the first one's folder)."""
+    section = ARCHITECTURE.read_text().split("## Folder map", 1)[1].split("\n## ", 1)[0]
     paths = []
     for cell in re.findall(r"^\| ([^|]+) \|", section, re.MULTILINE):
         names = re.findall(r"`([^`]+)`", cell)
@@ -291,13 +321,13 @@ def test_architecture_map_covers_every_folder_and_root_module():
     """The map matches the folders: every subpackage of the package and of the trainers, and every module at the
     package root, has its row (or a name in one)."""
     named = set(architecture_map_paths())
-    trainers_row = (ROOT / "README.md").read_text().split("| `trainers/` |", 1)[1].split("\n", 1)[0]
+    trainers_row = ARCHITECTURE.read_text().split("| `trainers/` |", 1)[1].split("\n", 1)[0]
     package = ROOT / "hf_treespec"
     expected = {f"hf_treespec/{p.name}" for p in package.glob("*.py")}
     expected |= {f"hf_treespec/{p.name}" for p in package.iterdir()
                  if p.is_dir() and not p.is_symlink() and ((p / "__init__.py").exists() or p.name == "assets_data")}
     missing = sorted(expected - named)
-    assert not missing, f"the README's architecture map has no row for {missing}"
+    assert not missing, f"the architecture map (docs/architecture.md) has no row for {missing}"
     subfolders = sorted(p.name for p in (ROOT / "trainers").iterdir() if (p / "__init__.py").exists())
     assert subfolders and all(f"`{name}/`" in trainers_row for name in subfolders), \
         f"the trainers row names {subfolders}?"

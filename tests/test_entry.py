@@ -154,6 +154,9 @@ def test_stock_model_sampling_runs_with_the_policy_default_verifier(stock, stock
     out = stock.generate(prompt, do_sample=True, temperature=0.8, max_new_tokens=10, custom_generate=tree_generate,
                          tree_drafter=stock_drafter, tree_policy="iid", return_dict_in_generate=True)
     assert out.sequences.shape[1] == prompt.shape[1] + 10
+    samples = stock.generate(prompt, do_sample=True, max_new_tokens=6, num_return_sequences=2,
+                             custom_generate=tree_generate, tree_drafter=stock_drafter, tree_policy="iid")
+    assert samples.shape == (2, prompt.shape[1] + 6)  # transformers' assisted mode (which refuses it) never runs
 
 
 def test_custom_generate_errors_are_clear(stock, stock_drafter, prompt):
