@@ -11,7 +11,13 @@
 # (or $PYTHON, or python3: `python` may be absent on a fresh machine). `compile_config` needs a C++ compiler (g++).
 set -euo pipefail
 cd "$(dirname "$0")"
-if [[ -n "${VIRTUAL_ENV:-}" ]]; then PYTHON=${PYTHON:-$VIRTUAL_ENV/bin/python}; else PYTHON=${PYTHON:-python3}; fi
+if [[ -n "${VIRTUAL_ENV:-}" ]]; then
+    PYTHON=${PYTHON:-$VIRTUAL_ENV/bin/python}
+else
+    PYTHON=${PYTHON:-python3}
+    [[ -n "${CONDA_PREFIX:-}" ]] || echo "setup.sh: no virtual environment is active; if pip refuses to install here," \
+        "create one first: python3 -m venv .venv && . .venv/bin/activate" >&2
+fi
 PIP="$PYTHON -m pip --disable-pip-version-check -q"
 $PIP install "torch==2.13.0"
 $PIP install -e ".[bench,gguf,train,test]"
