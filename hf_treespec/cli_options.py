@@ -198,7 +198,7 @@ def config_file_values(parser: argparse.ArgumentParser, path: str) -> dict[str, 
     try:
         import yaml
     except ImportError:
-        raise ImportError("--config reads YAML: pip install pyyaml (or hf-treespec[bench] / [train]).") from None
+        raise ImportError("--config reads YAML: pip install pyyaml (or the bench / train extra: pip install '.[bench]' in the hf-treespec clone).") from None
     if not Path(path).is_file():
         raise FileNotFoundError(f"--config {path} does not exist.")
     values = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}

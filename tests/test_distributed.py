@@ -2,7 +2,7 @@
 over gloo on the CPU) train the same drafter as one process on the same global batch, save it once, and resume from
 their own checkpoints.
 
-The launched command is the one the README documents: ``accelerate launch --multi_gpu --num_processes 2 -m
+The launched command is the one docs/training.md documents: ``accelerate launch --multi_gpu --num_processes 2 -m
 hf_treespec.cli train ... --use_cpu`` (``--cpu`` alone starts a single process unless MPI is set up).
 """
 

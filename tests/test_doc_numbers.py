@@ -5,6 +5,13 @@ Figures: speedups (``1.46x``, a range ``1.94-1.96x``, ``54% faster``) and taus (
 a unit follows it; in tables, numbers of two or more decimals in a column headed "tau", a row labelled "tau", or any
 column of a table whose caption names tau while its header does not).
 
+Also checked: **bare figures** in prose, a decimal of two or more places that no word marks as a speedup or a tau
+("static 2.07, dyspec 1.87"; unless a unit follows it, it is a version after "transformers" / "torch" / "Python",
+an arXiv number, a setting after "=", or a paper's), which must be a number of any kind in the cited results; and
+**rates** ``a/b`` with a <= b, in prose and tables ("7/40 rows identical"), which must be a pair of the cited results
+(``identical`` / ``identical_eager`` over ``compared`` in ``.json``, or the same ``a/b`` printed in a ``.md`` or
+``.txt`` file). Numbers in inline code (``tree_budget=4``, ``(0.9, 0.95)``) are settings and are not read.
+
 Sources: the result paths a figure's section (heading to next heading) cites, as a path or link ``docs/results/...``
 or a declaration ``<!-- results: docs/results/a docs/results/b -->``. The figure must be a number of its kind in
 those files at its printed precision (1.46 accepts 1.4612, not 1.47): in ``.json`` a value under a key naming the
@@ -16,8 +23,8 @@ read. Every cited path must exist and name its machine, date, commit and command
 Not speed results, so not checked: a multiplier followed by a size or cost (``_NOT_A_SPEEDUP``: "10x the data",
 "2x cheaper", "1.3x a one-token step", "4x more"; but "0.5x of plain" is a speedup), and what a paper reports (table
 columns headed "paper"; figures after "paper:" / "Paper (model, GPU):" up to the sentence's end). Pure text: no
-models, runs in seconds. It reads figures by how they are written: a bare number whose meaning only its context
-gives ("the rule holds (2.36)") is not found, so write "tau 2.36" or put it in a tau column.
+models, runs in seconds. It reads figures by how they are written: a one-decimal bare number ("2.4 nodes") is not
+read, so write "tau 2.4" or put it in a tau column when it is a result.
 """
 
 from __future__ import annotations
@@ -32,9 +39,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
-DOCUMENTS = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md")),
+DOCUMENTS = [ROOT / "README.md", ROOT / "BENCHMARKS.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md")),
              *sorted((ROOT / "model_cards").glob("*.md")),
              *sorted((ROOT / "hf_treespec" / "assets_data" / "drafters").glob("*/README.md"))]
+
+#: documents whose bare figures and rates are not checked (their speedups and taus are): a log of runs as they were
+#: made, many without committed raw outputs; it records what was seen then, it claims nothing about today's code
+LOGS = {"docs/history.md"}
 
 _NUMBER = r"\d+(?:\.\d+)?"
 SPEEDUP = re.compile(rf"(?<![\w.+])(?:({_NUMBER})\s*-\s*)?({_NUMBER})x(?![\w])")
@@ -51,6 +62,14 @@ _NOT_A_SPEEDUP = re.compile(
 _PAPER_BEFORE = re.compile(r"\bpaper(?:'s)?(?: \([^()]*\))?:(?:[^;.]|\.(?=\d))*$", re.IGNORECASE)
 _UNIT = r"\s*(?:ms|s\b|%|M\b|k\b|GB|MB|KB|tokens?|nodes?|rows?|steps?|epochs?|x|points?|h\b|min|questions|q\b)"
 _DECIMAL = re.compile(rf"(?<![\w.+\-])(\d+\.\d+)(?![\w.%])(?!{_UNIT})")
+# A bare figure: a decimal of two or more places, not inside a word, a path, a version or a range's other end.
+_BARE = re.compile(r"(?<![\w.+\-/:])(\d+\.\d{2,})(?![\w%/]|\.\w|-\d)")
+_NOT_A_FIGURE_BEFORE = re.compile(r"(?:\b(?:transformers|torch|python|version|release)\s*[<>=~]*|arXiv:|[=<]|(?<!-)>|\bv)\s*$",
+                                  re.IGNORECASE)
+# A rate a/b (a <= b is checked later): not part of a path, a date or a longer fraction.
+_RATE = re.compile(r"(?<![\w./\-])(\d+)/(\d+)(?![\w./\-])")
+_CODE_SPAN = re.compile(r"`[^`]*`")
+_LINK_TARGET = re.compile(r"\]\([^)]*\)")
 DECLARATION = re.compile(r"<!--\s*results:\s*([^>]*?)\s*-->")
 CITED = re.compile(r"(?:docs/results/|\]\((?:\.\./)*(?:docs/)?results/)([\w.@=/+-]*[\w@=+-])")
 HEADING = re.compile(r"^#{1,6} ")
@@ -61,7 +80,7 @@ FENCE = re.compile(r"^\s*```")
 class Figure:
     document: str
     line: int
-    kind: str  # "speedup" or "tau"
+    kind: str  # "speedup", "tau", "figure" (a bare decimal: any kind) or "rate" (a/b)
     text: str  # as printed, e.g. "1.46"
     sources: tuple[str, ...]  # paths relative to docs/results
 
@@ -121,12 +140,56 @@ def _taus(line: str) -> list[str]:
     return [text for _, text in sorted(found.items())]
 
 
-def _figures_of_line(line: str, header: list[str] | None, following: str = "",
-                     tau_table: bool = False) -> list[tuple[str, str]]:
+def _blanked(line: str) -> str:
+    """``line`` with inline code and link targets blanked out (same length): settings and URLs, never figures."""
+    line = _CODE_SPAN.sub(lambda match: " " * len(match.group()), line)
+    return _LINK_TARGET.sub(lambda match: "]" + " " * (len(match.group()) - 1), line)
+
+
+def _claimed_spans(line: str) -> list[tuple[int, int]]:
+    """Where a line's speedups and taus sit (their matches, and a tau's sentence): no bare figure is read there."""
+    spans = [match.span() for pattern in (SPEEDUP, SPEED_PERCENT, TAU) for match in pattern.finditer(line)]
+    for word in re.finditer(r"\btau\b|τ", line, re.IGNORECASE):
+        sentence = re.split(r"(?<=[.;])\s", line[word.end():])[0]
+        spans.append((word.start(), word.end() + len(sentence)))
+    return spans
+
+
+def _bare(line: str, preceding: str = "") -> list[str]:
+    """The bare figures of a prose line (module docstring); ``preceding``: its paragraph's earlier lines (a paper's
+    figures may follow a "Paper (...):" that a line break split from them)."""
+    text = _blanked(line)
+    claimed = _claimed_spans(text)
+    found = []
+    for match in _BARE.finditer(text):
+        start = match.start()
+        if any(a <= start < b for a, b in claimed) or re.match(_UNIT, text[match.end():]):
+            continue
+        if _NOT_A_FIGURE_BEFORE.search(text[:start]) or _PAPER_BEFORE.search(f"{preceding} {text[:start]}"):
+            continue
+        found.append(match.group(1))
+    return found
+
+
+def _rates(line: str, preceding: str = "") -> list[str]:
+    """The rates ``a/b`` (a <= b) of a line outside inline code and links, a paper's excepted."""
+    text = _blanked(line)
+    return [match.group() for match in _RATE.finditer(text) if int(match.group(1)) <= int(match.group(2))
+            and not _PAPER_BEFORE.search(f"{preceding} {text[:match.start()]}")]
+
+
+def _figures_of_line(line: str, header: list[str] | None, following: str = "", tau_table: bool = False,
+                     preceding: str = "", prose: bool = True) -> list[tuple[str, str]]:
     """(kind, text) of every figure a line prints; ``header`` is the header row of the table the line belongs to,
-    ``tau_table``: the paragraph above it names tau and no header cell does (then every non-label column may)."""
+    ``tau_table``: the paragraph above it names tau and no header cell does (then every non-label column may);
+    ``preceding``: the paragraph's earlier lines; ``prose``: False inside a code fence (no bare figure or rate
+    there: commands and their settings)."""
     if header is None:
-        return [("speedup", text) for text in _speedups(line, following)] + [("tau", text) for text in _taus(line)]
+        found = [("speedup", text) for text in _speedups(line, following)] + [("tau", text) for text in _taus(line)]
+        if prose:
+            found += [("figure", text) for text in _bare(line, preceding)]
+            found += [("rate", text) for text in _rates(line, preceding)]
+        return found
     figures, cells = [], _cells(line)
     tau_row = bool(re.search(r"\btau\b|τ", cells[0], re.IGNORECASE))
     for column, (name, cell) in enumerate(zip(header, cells)):
@@ -136,6 +199,7 @@ def _figures_of_line(line: str, header: list[str] | None, following: str = "",
         if re.search(r"\btau\b|τ", name, re.IGNORECASE) or ((tau_row or tau_table) and column):
             found += [("tau", text) for text in re.findall(r"(?<![\w.+])(\d+\.\d\d+)(?![\w.%])", cell)]
         figures += dict.fromkeys(found)  # a tau the cell also prints as "tau 2.04" counts once
+        figures += [("rate", text) for text in _rates(cell)]
     return figures
 
 
@@ -157,9 +221,13 @@ def figures(path: Path, text: str | None = None) -> list[Figure]:
     found = []
     for start, end in _sections(lines):
         sources = _sources("\n".join(lines[start:end]))
-        header, tau_table = None, False
+        header, tau_table, fenced, paragraph = None, False, False, []
         for i in range(start, end):
             line = lines[i]
+            if FENCE.match(line):
+                fenced = not fenced
+            preceding = " ".join(paragraph)
+            paragraph = [] if not line.strip() or FENCE.match(line) else [*paragraph, line]
             if line.lstrip().startswith("|"):
                 if header is None and i + 1 < end and _is_table_rule(lines[i + 1]):
                     header = _cells(line)
@@ -171,7 +239,10 @@ def figures(path: Path, text: str | None = None) -> list[Figure]:
             else:
                 header = None
             following = lines[i + 1] if i + 1 < end and header is None else ""
-            for kind, figure in _figures_of_line(line, header, following, tau_table):
+            for kind, figure in _figures_of_line(line, header, following, tau_table, preceding,
+                                                 prose=not fenced and not FENCE.match(line)):
+                if kind in ("figure", "rate") and name in LOGS:
+                    continue
                 found.append(Figure(name, i + 1, kind, figure, sources))
     return found
 
@@ -188,7 +259,12 @@ def _json_values(node, kind: str, key: str = "") -> list[float]:
         return [value for name, child in node.items() for value in _json_values(child, kind, str(name))]
     if isinstance(node, list):
         return [value for child in node for value in _json_values(child, kind, key)]
-    wanted = "speedup" in key.lower() if kind == "speedup" else bool(re.search(r"tau|accept", key, re.IGNORECASE))
+    if kind == "figure":
+        wanted = True
+    elif kind == "speedup":
+        wanted = "speedup" in key.lower()
+    else:
+        wanted = bool(re.search(r"tau|accept", key, re.IGNORECASE))
     return [float(node)] if wanted and isinstance(node, (int, float)) and not isinstance(node, bool) else []
 
 
@@ -203,6 +279,8 @@ def _numbers(source: str, kind: str) -> tuple[float, ...]:
             continue
         if file.suffix == ".json":
             values += _json_values(json.loads(file.read_text()), kind)
+        elif kind == "figure" and file.suffix in (".md", ".txt"):  # a bare figure: any number printed there
+            values += [float(number) for number in re.findall(_NUMBER, file.read_text())]
         elif file.suffix == ".md":
             values += [float(text) for found, text in
                        ((figure.kind, figure.text) for figure in figures(file)) if found == kind]
@@ -213,6 +291,32 @@ def _numbers(source: str, kind: str) -> tuple[float, ...]:
                 elif re.search(r"\btau\b|\+-", line):
                     values += [float(number) for number in re.findall(_NUMBER, line)]
     return tuple(values)
+
+
+def _json_rates(node) -> list[str]:
+    """``identical/compared`` (and ``identical_eager/compared``) of every JSON object that counts identical rows."""
+    if isinstance(node, list):
+        return [rate for child in node for rate in _json_rates(child)]
+    if not isinstance(node, dict):
+        return []
+    found = [rate for child in node.values() for rate in _json_rates(child)]
+    compared = node.get("compared")
+    if isinstance(compared, int):
+        found += [f"{node[key]}/{compared}" for key in ("identical", "identical_eager") if isinstance(node.get(key), int)]
+    return found
+
+
+@lru_cache(maxsize=None)
+def _rates_of(source: str) -> frozenset[str]:
+    """The rates ``a/b`` of one result path: counted pairs in ``.json``, printed ``a/b`` in ``.md`` / ``.txt``."""
+    files = [file for path in _paths(source) for file in (sorted(path.rglob("*")) if path.is_dir() else [path])]
+    rates = set()
+    for file in files:
+        if file.is_file() and file.suffix == ".json":
+            rates.update(_json_rates(json.loads(file.read_text())))
+        elif file.is_file() and file.suffix in (".md", ".txt"):
+            rates.update(match.group() for match in _RATE.finditer(file.read_text()))
+    return frozenset(rates)
 
 
 def matches(figure: str, values: tuple[float, ...]) -> bool:
@@ -230,7 +334,11 @@ def check(figure: Figure) -> str | None:
     missing = [source for source in figure.sources if not _paths(source)]
     if missing:
         return f"{figure.where()}: its section cites {missing}, which do not exist under docs/results/"
-    if not any(matches(figure.text, _numbers(source, figure.kind)) for source in figure.sources):
+    if figure.kind == "rate":
+        found = any(figure.text in _rates_of(source) for source in figure.sources)
+    else:
+        found = any(matches(figure.text, _numbers(source, figure.kind)) for source in figure.sources)
+    if not found:
         return f"{figure.where()} is in none of its section's results {list(figure.sources)}: fix it or its source"
     return None
 
@@ -304,3 +412,28 @@ def test_tables_read_taus_by_header_row_or_caption(tmp_path):
             "| shipped | 2.36 | 1.74 | 14.9 |\n\n| policy | chain | salf |\n|---|---|---|\n| tau | 1.44 | 2.05 |\n")
     assert [(f.line, f.kind, f.text) for f in figures(tmp_path / "doc.md", text)] == [
         (7, "tau", "2.36"), (7, "tau", "1.74"), (11, "tau", "1.44"), (11, "tau", "2.05")]
+
+
+def test_bare_figures_and_rates_are_checked(tmp_path):
+    """A decimal no word marks as a speedup or tau, and a rate a/b, must be in the cited results too."""
+    document = tmp_path / "doc.md"
+    text = ("# Identity\n\nIn `docs/results/5-greedy-compiled` 7/40 rows matched through the compiled tree, and "
+            "the largest top-2 gap at a divergence was 0.500.\n\n## Sampled\n\n"
+            "At 16 nodes (`docs/results/6-t1-compiled`): static 2.07, dyspec 1.87.\n")
+    found = figures(document, text)
+    assert [(f.line, f.kind, f.text) for f in found] == [(3, "figure", "0.500"), (3, "rate", "7/40"),
+                                                         (7, "figure", "2.07"), (7, "figure", "1.87")]
+    assert check(found[0]) is None and check(found[1]) is None  # both printed by the cited run
+    assert "doc.md:7: figure 2.07 is in none of its section's results ['6-t1-compiled']" in check(found[2])
+    assert check(found[3])
+    mutated = figures(document, text.replace("7/40", "8/40").replace("0.500", "0.600"))
+    assert check(mutated[0]) and check(mutated[1]), "a changed figure or rate in a sentence is caught"
+
+
+def test_what_is_not_a_bare_figure_or_rate():
+    line = ("transformers 5.24 and torch 2.13; AdamW `(0.9, 0.95)`; [arXiv:2302.01318](https://arxiv.org/abs/x); "
+            "c2t_threshold=0.25; 1.3x the cost; tau 2.04 (1.35 vs 1.38); 12.5 tokens/s; 0.25 ms; rises from 10/9; "
+            "docs/results/5-greedy-compiled; 2026-11-27")
+    assert _bare(line) == [] and _rates(line) == []
+    assert _bare("Paper (Llama, A100): HASS 4.63 -> 4.96") == [] and _bare("ours: 4.63 -> 4.96") == ["4.63", "4.96"]
+    assert _rates("| 6/40 (5/40 vs eager) |") == ["6/40", "5/40"]

@@ -12,7 +12,9 @@ here loading that model by name gives tiny random stand-ins, so the whole file r
   ``delay_selector/`` in its folder, so ``tree_policy="c2t"`` / ``"nde"`` find them);
 - ``generate`` stops after at most 8 new tokens (a random drafter is rarely accepted, so every token is a step).
 
-Any other model name goes to the real loaders. Blocks run in a temporary working directory (files they write land
+Any other model name goes to the real loaders. The drafter model cards (the shipped drafter's ``README.md`` and
+``model_cards/drafter_card.md``, rendered with and without a packaged target) run too, their blocks in order in one
+namespace, as a reader pastes them; there ``AutoModel.from_pretrained("path/to/drafter")`` loads the random drafter. Blocks run in a temporary working directory (files they write land
 there) with ``HF_TREESPEC_CACHE`` pointing into it. ``HF_TREESPEC_DOCS_REAL=1`` runs the blocks on the real models
 instead (no stand-ins, no token cap: minutes, and the 1.7B model needs the Hub). Command lines belong in ```bash
 blocks, which are not run; ```text blocks hold output. A block that cannot run here has no place in a ```python fence.
@@ -31,7 +33,8 @@ import torch
 from conftest import char_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
 SMOLLM2_IDS = {"HuggingFaceTB/SmolLM2-135M-Instruct", "smollm2-135m-instruct",
                "HuggingFaceTB/SmolLM2-1.7B-Instruct"}
 CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ .!?+/012345"  # 64 tokens, chat template included
@@ -44,10 +47,10 @@ _FENCE = re.compile(r"^\s*```(\w*)\s*$")
 LANGUAGES = {"python", "bash", "text"}
 
 
-def fenced_blocks(path: Path) -> list[tuple[str, int, str]]:
-    """``(language, first line number, code)`` of every fenced block of a Markdown file."""
+def fenced_blocks(path: Path, text: str | None = None) -> list[tuple[str, int, str]]:
+    """``(language, first line number, code)`` of every fenced block of a Markdown file (or of ``text``)."""
     blocks, language, start, lines = [], None, 0, []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    for number, line in enumerate((path.read_text() if text is None else text).splitlines(), 1):
         if language is None:
             match = _FENCE.match(line)
             if match:
@@ -135,8 +138,16 @@ def stand_ins(monkeypatch, tmp_path, drafter_folder):
 
     model_loader = transformers.AutoModelForCausalLM.from_pretrained
     tokenizer_loader = transformers.AutoTokenizer.from_pretrained
+    auto_loader = transformers.AutoModel.from_pretrained
     real_default_drafter = hf_treespec.assets.default_drafter
     monkeypatch.chdir(tmp_path)
+
+    def load_auto(name, *args, **kwargs):  # a model card's "path/to/drafter"
+        if str(name) == CARD_DRAFTER:
+            name = hf_treespec.assets.shipped_drafter_path() if REAL else drafter_folder
+        return auto_loader(name, *args, **kwargs)
+
+    monkeypatch.setattr(transformers.AutoModel, "from_pretrained", load_auto)
     if REAL:
         return
 
@@ -177,6 +188,49 @@ def test_python_block_runs(code, stand_ins, request):
     exec(compile(code, request.node.callspec.id, "exec"), {"__name__": "__docs__"})
 
 
+# ---------------------------------------------------------------------------------------------- model cards
+SHIPPED_CARD = ROOT / "hf_treespec" / "assets_data" / "drafters" / "smollm2-135m-instruct" / "README.md"
+CARD_DRAFTER = "path/to/drafter"  # what a card rendered without repo_id loads the drafter from
+
+
+def card_text(card: str) -> str:
+    """The shipped drafter's card, or the card template rendered for the tiny stand-in (``template:asset``: trained
+    against a packaged target; ``template:hub``: against ``base_model``'s Hub weights), with both helper sections."""
+    if card == "shipped":
+        return SHIPPED_CARD.read_text()
+    from hf_treespec.drafters import TreeSpecDrafterConfig
+    from hf_treespec.model_card import make_card
+
+    config = TreeSpecDrafterConfig.for_target(tiny_target().config)
+    helper = {"data": "d", "objective": "o", "results": "r"}
+    return make_card(config, base_model="HuggingFaceTB/SmolLM2-135M-Instruct", data="d", objective="o",
+                     draft_vocab_size=config.draft_vocab_size, results={"tau": 2.0}, command="c",
+                     delay_selector=helper, c2t_classifier=helper,
+                     target_asset="smollm2-135m-instruct" if card == "template:asset" else None).content
+
+
+@pytest.mark.parametrize("card", ["shipped", "template:asset", "template:hub"])
+def test_model_card_blocks_run_in_order(card, stand_ins):
+    text = card_text(card)
+    blocks = [(line, code) for language, line, code in fenced_blocks(Path(card), text) if language == "python"]
+    assert len(blocks) == 3, "a card shows its usage, the NDE selector's and the C2T classifier's"
+    namespace = {"__name__": "__docs__"}
+    for line, code in blocks:
+        exec(compile(code, f"{card}:{line}", "exec"), namespace)
+
+
+def test_tree_policy_snippets_show_how_generate_takes_it():
+    """A snippet that calls generate(tree_policy=...) shows enable(...) or custom_generate=: stock generate refuses
+    the kwarg, so a reader pasting only that block must see which of the two makes it work."""
+    texts = {str(path.relative_to(ROOT)): path.read_text() for path in DOCS}
+    texts.update({card: card_text(card) for card in ("shipped", "template:asset", "template:hub")})
+    bare = [f"{name}:{line}" for name, text in texts.items()
+            for language, line, code in fenced_blocks(Path(name), text)
+            if language == "python" and re.search(r"generate\([^)]*tree_policy", code, re.S)
+            and "enable(" not in code and "custom_generate=" not in code]
+    assert not bare, f"generate(tree_policy=...) without enable or custom_generate: {bare}"
+
+
 # -------------------------------------------------------------------------------------------- README checks
 def test_every_fence_names_its_language():
     for path in DOCS:
@@ -203,20 +257,49 @@ def test_every_docs_page_is_linked_and_has_a_python_block():
         assert any(language == "python" for language, _, _ in blocks), f"docs/{name}.md has no python block"
 
 
-def test_every_registered_policy_and_verifier_is_in_the_readme_table():
+def test_every_registered_policy_and_verifier_is_in_its_docs_table():
     from hf_treespec.policies import POLICIES
     from hf_treespec.verifiers import VERIFIERS
 
-    readme = (ROOT / "README.md").read_text()
-    rows = {m.group(1) for m in re.finditer(r"^\| `(\w+)` \|", readme, re.MULTILINE)}
-    assert set(POLICIES) | set(VERIFIERS) <= rows
+    for registry, page in ((POLICIES, "policies.md"), (VERIFIERS, "verifiers.md")):
+        text = (ROOT / "docs" / page).read_text()
+        rows = {m.group(1) for m in re.finditer(r"^\| `(\w+)` \|", text, re.MULTILINE)}
+        assert set(registry) <= rows, f"docs/{page} has no row for {sorted(set(registry) - rows)}"
+
+
+NUMBER_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
+                "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty"]
+
+
+def test_readme_counts_policies_and_verifiers_from_the_registry():
+    from hf_treespec.policies import POLICIES
+    from hf_treespec.verifiers import VERIFIERS
+
+    match = re.search(r"(\w+) tree-growing \*\*policies\*\* and (\w+) verifiers", (ROOT / "README.md").read_text())
+    assert match, "README no longer says how many policies and verifiers there are"
+    assert match.groups() == (NUMBER_WORDS[len(POLICIES.names())], NUMBER_WORDS[len(VERIFIERS.names())])
+
+
+README_SECTIONS = ["What it is", "Install", "Quick start with your own model", "Which options to pick",
+                   "What to expect on your hardware", "Limits"]
+
+
+def test_readme_is_for_users_short_and_in_order():
+    text = (ROOT / "README.md").read_text()
+    lines = text.splitlines()
+    assert len(lines) <= 250, f"README has {len(lines)} lines (at most 250: details go to docs/)"
+    wide = [number for number, line in enumerate(lines, 1) if len(line) > 120]
+    assert not wide, f"README lines longer than 120 characters: {wide}"
+    headings = re.findall(r"^## (.+)$", text, re.MULTILINE)
+    assert headings[: len(README_SECTIONS)] == README_SECTIONS
+    for page in ("docs/architecture.md", "CONTRIBUTING.md", "docs/glossary.md"):
+        assert f"({page})" in text, f"README does not link {page}"
 
 
 def architecture_map_paths() -> list[str]:
-    """The paths the README's architecture table names in its first column (``a/b.py``, ``c.py``: the second is in
-    the first one's folder)."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Architecture", 1)[1].split("\n## ", 1)[0]
+    """The paths the architecture map (docs/architecture.md, "Folder map") names in its first column (``a/b.py``,
+    ``c.py``: the second is in the first one's folder)."""
+    section = ARCHITECTURE.read_text().split("## Folder map", 1)[1].split("\n## ", 1)[0]
     paths = []
     for cell in re.findall(r"^\| ([^|]+) \|", section, re.MULTILINE):
         names = re.findall(r"`([^`]+)`", cell)
@@ -238,13 +321,13 @@ def test_architecture_map_covers_every_folder_and_root_module():
     """The map matches the folders: every subpackage of the package and of the trainers, and every module at the
     package root, has its row (or a name in one)."""
     named = set(architecture_map_paths())
-    trainers_row = (ROOT / "README.md").read_text().split("| `trainers/` |", 1)[1].split("\n", 1)[0]
+    trainers_row = ARCHITECTURE.read_text().split("| `trainers/` |", 1)[1].split("\n", 1)[0]
     package = ROOT / "hf_treespec"
     expected = {f"hf_treespec/{p.name}" for p in package.glob("*.py")}
     expected |= {f"hf_treespec/{p.name}" for p in package.iterdir()
                  if p.is_dir() and not p.is_symlink() and ((p / "__init__.py").exists() or p.name == "assets_data")}
     missing = sorted(expected - named)
-    assert not missing, f"the README's architecture map has no row for {missing}"
+    assert not missing, f"the architecture map (docs/architecture.md) has no row for {missing}"
     subfolders = sorted(p.name for p in (ROOT / "trainers").iterdir() if (p / "__init__.py").exists())
     assert subfolders and all(f"`{name}/`" in trainers_row for name in subfolders), \
         f"the trainers row names {subfolders}?"

@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from hf_treespec.cli_options import ExamplesHelpFormatter, add_options, option
+from hf_treespec.api import ExamplesHelpFormatter, add_options, option
 
 from .commands.common import ConfigParser, set_threads  # noqa: F401  (re-exported)
 from .data.regenerate import add_regenerate_parser
@@ -140,9 +140,7 @@ def run_export(args: argparse.Namespace) -> int:
 
     from transformers import AutoModelForCausalLM
 
-    from hf_treespec.assets import TARGETS, load_target
-    from hf_treespec.drafters import TreeSpecDrafterModel
-    from hf_treespec.drafters.eagle_io import to_eagle3
+    from hf_treespec.api import TARGETS, load_target, TreeSpecDrafterModel, to_eagle3
 
     if args.target in TARGETS or args.target.lower().endswith(".gguf"):
         target, _ = load_target(args.target, dtype=torch.float32)

@@ -22,6 +22,7 @@ import torch
 from transformers import CompileConfig
 
 from ..generation.config import TREE_GENERATION_KWARGS
+from ..generation.binding import DRAFTER_KWARG
 from ..generation.entry import tree_generate
 from ..generation.plain import plain_generate
 from ..policies import POLICIES
@@ -250,7 +251,7 @@ class TreeMethod(BenchMethod):
         return key == "verifier" or POLICIES.get(self.policy).takes(key, value) or key not in TREE_GENERATION_KWARGS
 
     def method_kwargs(self, drafter):
-        return {"custom_generate": tree_generate, "assistant_model": drafter, "tree_policy": self.policy}
+        return {"custom_generate": tree_generate, DRAFTER_KWARG: drafter, "tree_policy": self.policy}
 
     def collect(self, out, prompt_len, seconds):
         return RunOutput(

@@ -1,7 +1,7 @@
-"""The headline table that README, BENCHMARKS and the shipped drafter's model card quote, rendered from committed
-``hf-treespec bench`` outputs, so every copy of a headline number comes from one ``summary.json``.
+"""The headline table that BENCHMARKS and the shipped drafter's model card quote (README summarises the same runs),
+rendered from committed ``hf-treespec bench`` outputs, so every copy of a headline number comes from one ``summary.json``.
 
-``python -m hf_treespec.benchmark.summary docs/results --write README.md BENCHMARKS.md <card>`` re-renders the table
+``python -m hf_treespec.benchmark.summary docs/results --write BENCHMARKS.md <card>`` re-renders the table
 between the ``<!-- headline:begin -->`` / ``<!-- headline:end -->`` markers of each file; ``--check`` only reports the
 files whose table differs (the test suite runs the check on the committed files).
 """

@@ -38,6 +38,11 @@ class Drafter(ABC):
     #: when declared here (and no logits processor runs)
     capabilities: frozenset[str] = frozenset()
 
+    #: how `as_drafter` chooses among the registered adapters that accept a model: the highest priority wins, a tie
+    #: at the top is an error. Generic adapters (any causal LM) keep 0; one that drives a narrower kind of model (a
+    #: subclass the generic one would also accept) declares more, so the choice never depends on registration names.
+    priority: int = 0
+
     @classmethod
     @abstractmethod
     def accepts(cls, model: torch.nn.Module) -> bool:
@@ -104,18 +109,30 @@ class Drafter(ABC):
 
 
 def as_drafter(model: torch.nn.Module, target: torch.nn.Module | None = None) -> Drafter:
-    """Wraps an ``assistant_model`` in the first registered adapter that accepts it; with ``target``, the adapter
-    first attaches the drafter to it (``Drafter.attach``: e.g. a feature drafter is tied to the target's embeddings)."""
+    """Wraps an ``assistant_model`` in its adapter; with ``target``, the adapter first attaches the drafter to it
+    (``Drafter.attach``: e.g. a feature drafter is tied to the target's embeddings). A `Drafter` is returned as is.
+
+    The rule: of the registered adapters (``DRAFTER_ADAPTERS``) whose ``accepts(model)`` is true, the one with the
+    highest ``priority`` wraps it; two at that priority is an error that names them (give one a higher priority, or
+    pass the adapter instance itself as ``assistant_model``)."""
     if isinstance(model, Drafter):
         return model
-    for name in DRAFTER_ADAPTERS:
-        adapter = DRAFTER_ADAPTERS.get(name)
-        if adapter.accepts(model):
-            if target is not None:
-                adapter.attach(model, target)
-            return adapter(model)
-    raise ValueError(
-        f"Cannot use a {type(model).__name__} as a tree drafter: pass hf_treespec.drafters.prompt_lookup(target), "
-        "a TreeSpecDrafterModel (hf_treespec.assets.default_drafter(target), or one from `hf-treespec train`), or an "
-        "AutoModelForCausalLM sharing the target's vocabulary."
-    )
+    accepting = [DRAFTER_ADAPTERS.get(name) for name in DRAFTER_ADAPTERS if DRAFTER_ADAPTERS.get(name).accepts(model)]
+    if not accepting:
+        raise ValueError(
+            f"Cannot use a {type(model).__name__} as a tree drafter: pass hf_treespec.drafters.prompt_lookup(target), "
+            "a TreeSpecDrafterModel (hf_treespec.assets.default_drafter(target), or one from `hf-treespec train`), or "
+            "an AutoModelForCausalLM sharing the target's vocabulary."
+        )
+    top = max(adapter.priority for adapter in accepting)
+    chosen = [adapter for adapter in accepting if adapter.priority == top]
+    if len(chosen) > 1:
+        names = ", ".join(f"{adapter.name!r} ({adapter.__name__})" for adapter in chosen)
+        raise ValueError(
+            f"Ambiguous drafter adapters for a {type(model).__name__}: {names} all accept it at priority {top}. "
+            "Give one of them a higher `priority`, or pass the adapter instance itself as assistant_model."
+        )
+    adapter = chosen[0]
+    if target is not None:
+        adapter.attach(model, target)
+    return adapter(model)

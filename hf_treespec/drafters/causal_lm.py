@@ -16,7 +16,9 @@ from .base import DRAFTER_ADAPTERS, Drafter, TargetFeatures
 
 @DRAFTER_ADAPTERS.register("causal_lm")
 class CausalLMDrafter(Drafter):
-    """Feeds tree nodes through the assistant with tree attention; every node expanded in one call is one forward."""
+    """Feeds tree nodes through the assistant with tree attention; every node expanded in one call is one forward.
+
+    The generic adapter (priority 0): any ``PreTrainedModel`` with an LM head; narrower adapters rank above it."""
 
     def __init__(self, model: PreTrainedModel):
         check_tree_attention(model, role="drafter")

@@ -30,11 +30,13 @@ from .feature import TreeSpecDrafterModel
 COMPILED_HEADROOM = 256
 
 
-# `as_drafter` tries adapters in name order: this name sorts before "causal_lm", whose `accepts` would also take a
-# TreeSpecDrafterModel (it has an LM head). "Auxiliary hidden states" is what EAGLE-3 servers call target features.
+# "Auxiliary hidden states" is what EAGLE-3 servers call target features.
 @DRAFTER_ADAPTERS.register("aux_hidden_states")
 class FeatureDrafter(Drafter):
     """Tree drafting with a feature drafter; logits come back in the target vocabulary (-inf outside the draft's)."""
+
+    #: a TreeSpecDrafterModel is also a causal LM with an LM head, which ``causal_lm`` (priority 0) would accept
+    priority = 10
 
     def __init__(self, model: TreeSpecDrafterModel):
         if not model.is_attached:

@@ -8,8 +8,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hf_treespec.cli_options import HelpFormatter, add_options, build_config, comma_list, option
-from hf_treespec.cost.hardware import AUTO_DTYPE, AUTO_DTYPE_HELP, DTYPE_CHOICES, DTYPES, resolve_dtype_name
+from hf_treespec.api import (
+    HelpFormatter, add_options, build_config, comma_list, option, AUTO_DTYPE, AUTO_DTYPE_HELP, DTYPE_CHOICES,
+    DTYPES, resolve_dtype_name,
+)
 
 
 @dataclass
@@ -68,8 +70,7 @@ def add_c2t_commands(commands, threads) -> None:
 
 
 def _prompts(args, tokenizer) -> list:
-    from hf_treespec.assets import sharegpt_prompts
-    from hf_treespec.benchmark.loading import build_prompt
+    from hf_treespec.api import sharegpt_prompts, build_prompt
 
     questions = sharegpt_prompts("train", args.skip + args.num_prompts)[args.skip :]
     prompts = [build_prompt(tokenizer, q) for q in questions]
@@ -77,8 +78,7 @@ def _prompts(args, tokenizer) -> list:
 
 
 def run_c2t_data(args, threads) -> int:
-    from hf_treespec.assets import load_target
-    from hf_treespec.benchmark.loading import load_drafter
+    from hf_treespec.api import load_target, load_drafter
 
     from ..objectives.c2t import C2TDataConfig, generate_c2t_data, rank_acceptance
 
@@ -116,10 +116,9 @@ class C2TRunArguments:
 
 
 def run_c2t(args, threads) -> int:
-    from hf_treespec.policies.c2t import C2TClassifier, C2TClassifierConfig
+    from hf_treespec.api import C2TClassifier, C2TClassifierConfig
 
     from ..objectives.c2t import C2TConfig, C2TTrainer, load_c2t_data
-    from hf_treespec.cli_options import build_config
 
     from .common import save_final
 
@@ -160,7 +159,7 @@ def held_out_metrics(model, evaluation) -> dict:
 
 
 def run_static_shape(args) -> int:
-    from hf_treespec.policies.static import choose_shape, expected_accepted, sequoia_shape
+    from hf_treespec.api import choose_shape, expected_accepted, sequoia_shape
 
     from ..objectives.c2t import load_c2t_data, rank_acceptance
 

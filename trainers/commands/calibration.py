@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hf_treespec.cli_options import HelpFormatter, add_options, none_or, option
+from hf_treespec.api import HelpFormatter, add_options, none_or, option
 
 from .common import TargetArguments, set_threads
 
@@ -51,9 +51,7 @@ def run_calibration(args: argparse.Namespace) -> int:
     import torch
     from tqdm.auto import tqdm
 
-    from hf_treespec.assets import default_drafter, iter_sharegpt, load_target
-    from hf_treespec.drafters import TreeSpecDrafterModel
-    from hf_treespec.policies import POLICIES
+    from hf_treespec.api import default_drafter, iter_sharegpt, load_target, TreeSpecDrafterModel, POLICIES
 
     from ..data.chat import to_messages, tokenize_conversation
     from ..evaluation.rank_calibration import RootRecords, measure_sequence, summarize

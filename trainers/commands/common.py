@@ -13,8 +13,7 @@ from typing import Any, Callable
 
 from transformers import HfArgumentParser
 
-from hf_treespec.cli_options import add_config_option, apply_config_file, option
-from hf_treespec.cost.hardware import fast_dtype
+from hf_treespec.api import add_config_option, apply_config_file, option, fast_dtype
 
 
 class ConfigParser(HfArgumentParser):

@@ -17,8 +17,7 @@ import argparse
 import time
 from dataclasses import dataclass, field
 
-from hf_treespec.cli_options import build_config
-from hf_treespec.cost.hardware import AUTO_DTYPE, AUTO_DTYPE_HELP, DTYPES, resolve_dtype_name
+from hf_treespec.api import build_config, AUTO_DTYPE, AUTO_DTYPE_HELP, DTYPES, resolve_dtype_name
 
 from .common import resume_field
 
@@ -55,8 +54,7 @@ def add_gto_parser(commands) -> argparse.ArgumentParser:
 
 
 def run_gto(args: argparse.Namespace) -> int:
-    from hf_treespec.assets import load_target, shipped_drafter_path
-    from hf_treespec.drafters import TreeSpecDrafterModel
+    from hf_treespec.api import load_target, shipped_drafter_path, TreeSpecDrafterModel
 
     from .common import (precision_overrides, resume_from, run_overrides, save_final,
                              set_threads)

@@ -9,9 +9,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hf_treespec.cost.hardware import AUTO_DTYPE, AUTO_DTYPE_HELP, DTYPE_CHOICES, DTYPES, resolve_dtype_name
+from hf_treespec.api import (
+    AUTO_DTYPE, AUTO_DTYPE_HELP, DTYPE_CHOICES, DTYPES, resolve_dtype_name, HelpFormatter, add_options,
+    build_config, comma_list, option,
+)
 
-from hf_treespec.cli_options import HelpFormatter, add_options, build_config, comma_list, option
 
 from .common import (
     TargetArguments, add_config_command, add_short_flags, resume_field, resume_from,
@@ -58,8 +60,7 @@ def add_nde_data_parser(commands) -> None:
 
 
 def _nde_prompts(args, tokenizer) -> list:
-    from hf_treespec.assets import load_questions, sharegpt_prompts
-    from hf_treespec.benchmark.loading import build_prompt
+    from hf_treespec.api import load_questions, sharegpt_prompts, build_prompt
 
     limit = args.skip + args.num_prompts
     questions = (load_questions(args.questions, limit) if args.questions else sharegpt_prompts(args.split, limit))
@@ -68,9 +69,7 @@ def _nde_prompts(args, tokenizer) -> list:
 
 
 def run_nde_data(args: argparse.Namespace) -> int:
-    from hf_treespec.assets import load_target
-    from hf_treespec.benchmark.loading import load_drafter
-    from hf_treespec.drafters import TreeSpecDrafterModel
+    from hf_treespec.api import load_target, load_drafter, TreeSpecDrafterModel
 
     from ..evaluation.latency import measure_latency
     from ..data.nde_data import NDEDataConfig

@@ -9,8 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hf_treespec.cli_options import HelpFormatter, add_options, build_config, comma_list, option
-from hf_treespec.cost.hardware import AUTO_DTYPE, AUTO_DTYPE_HELP, DTYPE_CHOICES, DTYPES, resolve_dtype_name
+from hf_treespec.api import (
+    HelpFormatter, add_options, build_config, comma_list, option, AUTO_DTYPE, AUTO_DTYPE_HELP, DTYPE_CHOICES,
+    DTYPES, resolve_dtype_name,
+)
 
 from .common import TargetArguments, set_threads
 from ..data.regenerate import CHUNK_PREFIX as REGEN_CHUNK_PREFIX
@@ -57,7 +59,7 @@ def add_prepare_parser(commands) -> None:
 
 
 def _tree_params(policy: str, args) -> dict[str, Any]:
-    from hf_treespec.policies import POLICIES
+    from hf_treespec.api import POLICIES
 
     accepted = POLICIES.get(policy).defaults
     wanted = {"tree_topk": args.tree_topk, "tree_depth": args.tree_depth}
@@ -81,7 +83,7 @@ def _conversations(args):
                    else [json.loads(line) for line in text.splitlines() if line.strip()])
         source = iter(records)
     else:
-        from hf_treespec.assets import iter_sharegpt
+        from hf_treespec.api import iter_sharegpt
 
         source = iter_sharegpt(args.split)
     return itertools.islice(source, args.skip, None)
@@ -90,7 +92,7 @@ def _conversations(args):
 def run_prepare(args: argparse.Namespace) -> int:
     import torch
 
-    from hf_treespec.assets import load_target
+    from hf_treespec.api import load_target
 
     from ..data.prepared import PrepareConfig, load_prepared, prepare_dataset
 

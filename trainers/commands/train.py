@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hf_treespec.cli_options import HelpFormatter, add_options, build_config, option
+from hf_treespec.api import HelpFormatter, add_options, build_config, option
 
 from .common import (
     TargetArguments, add_config_command, add_short_flags, bf16_supported, precision_overrides,
@@ -75,7 +75,7 @@ def build_drafter(args, target, data):
     """The drafter to train: ``--init`` loaded, or a new one sized from the target and the data's token counts."""
     import torch
 
-    from hf_treespec.drafters import TreeSpecDrafterConfig, TreeSpecDrafterModel, build_draft_vocab
+    from hf_treespec.api import TreeSpecDrafterConfig, TreeSpecDrafterModel, build_draft_vocab
 
     if args.init:
         # fp32 master weights whatever the checkpoint holds (the shipped drafter is bf16): optimizer updates below
@@ -107,7 +107,7 @@ def build_drafter(args, target, data):
 def run_train(args: argparse.Namespace) -> int:
     import torch
 
-    from hf_treespec.assets import load_target
+    from hf_treespec.api import load_target
 
     from .. import TRAINERS
     from ..data.prepared import load_prepared
@@ -158,8 +158,7 @@ def add_evaluate_parser(commands) -> None:
 def run_evaluate(args: argparse.Namespace) -> int:
     import torch
 
-    from hf_treespec.assets import load_target
-    from hf_treespec.drafters import TreeSpecDrafterModel
+    from hf_treespec.api import load_target, TreeSpecDrafterModel
 
     from ..data.prepared import load_prepared
     from ..evaluation.acceptance import acceptance_by_depth

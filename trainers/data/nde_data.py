@@ -44,17 +44,11 @@ from typing import Any, Callable
 import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList
 
-from hf_treespec.cli_options import comma_list, option
-from hf_treespec.kv.tree_kv import TreeKV, keep_rows
-from hf_treespec.compat import CACHE_KWARG
-from hf_treespec.drafters.base import Drafter, TargetFeatures
-from hf_treespec.features import capture_hidden_states
-from hf_treespec.generation.processors import process_tree_logits
-from hf_treespec.policies.nde import Action, action_space, capture_draft_hidden, root_features
-from hf_treespec.randomness import Randomness
-from hf_treespec.tree import DraftTree
-from hf_treespec.verifiers.branching import laws
-from hf_treespec.kv.window import sliding_layers
+from hf_treespec.api import (
+    comma_list, option, TreeKV, keep_rows, CACHE_KWARG, Drafter, TargetFeatures, capture_hidden_states,
+    process_tree_logits, Action, action_space, capture_draft_hidden, root_features, Randomness, DraftTree, laws,
+    sliding_layers,
+)
 
 from ..evaluation.latency import LatencyModel
 from .nde_stats import ActionStats, action_stats

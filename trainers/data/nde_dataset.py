@@ -13,8 +13,7 @@ from typing import Any, Iterable, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from hf_treespec.drafters.base import as_drafter
-from hf_treespec.policies.nde import SCALAR_FEATURES, Action
+from hf_treespec.api import as_drafter, SCALAR_FEATURES, Action
 
 from ..evaluation.latency import LatencyModel, measure_latency
 from .nde_data import EXTRA_PREFIX, NDEDataConfig, draft_hidden_size, prompt_rows

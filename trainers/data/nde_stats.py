@@ -8,8 +8,7 @@ from typing import Sequence
 
 import torch
 
-from hf_treespec.policies.nde import Action
-from hf_treespec.verifiers.branching import NodeTable, branching_law
+from hf_treespec.api import Action, NodeTable, branching_law
 
 from .nde_trie import SampledTrees
 

@@ -8,9 +8,9 @@ from typing import Callable, Sequence
 
 import torch
 
-from hf_treespec.randomness import RandomSource, Randomness, categorical
-from hf_treespec.tree import DraftTree, Regime
-from hf_treespec.verifiers.branching import NodeTable, branching_law, node_tables
+from hf_treespec.api import (
+    RandomSource, Randomness, categorical, DraftTree, Regime, NodeTable, branching_law, node_tables,
+)
 
 #: a draft / target callable: ``(tree, nodes) -> [len(nodes), V]`` warped probabilities
 ProbsFn = Callable[[DraftTree, torch.Tensor], torch.Tensor]

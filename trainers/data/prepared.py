@@ -29,10 +29,7 @@ from typing import Any, Iterable, Mapping
 import torch
 from tqdm.auto import tqdm
 
-from hf_treespec.cli_options import none_or, option
-from hf_treespec.compat import output_cache
-from hf_treespec.features import capture_hidden_states
-from hf_treespec.policies import POLICIES, TreePolicy
+from hf_treespec.api import none_or, option, output_cache, capture_hidden_states, POLICIES, TreePolicy
 
 from .chat import pretokenized, to_messages, tokenize_conversation
 from .target_trees import TreeRoot, grow_target_trees, topk_logprobs

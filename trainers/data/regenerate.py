@@ -34,8 +34,10 @@ from typing import Any, Iterable, Iterator, Mapping
 import torch
 from tqdm.auto import tqdm
 
-from hf_treespec.cost.hardware import AUTO_DTYPE, AUTO_DTYPE_HELP, DTYPE_CHOICES, DTYPES, resolve_dtype_name
-from hf_treespec.cli_options import ExamplesHelpFormatter, add_options, build_config, comma_list, option
+from hf_treespec.api import (
+    AUTO_DTYPE, AUTO_DTYPE_HELP, DTYPE_CHOICES, DTYPES, resolve_dtype_name, ExamplesHelpFormatter, add_options,
+    build_config, comma_list, option,
+)
 
 from .chunks import CHUNK_PREFIX, ChunkFolder, CorruptChunkError, batched, read_chunk_with_footer, write_chunk
 
@@ -322,7 +324,7 @@ def add_regenerate_parser(commands) -> argparse.ArgumentParser:
 
 
 def run_regenerate(args: argparse.Namespace) -> int:
-    from hf_treespec.assets import iter_sharegpt, load_target
+    from hf_treespec.api import iter_sharegpt, load_target
 
     if args.threads:
         torch.set_num_threads(args.threads)

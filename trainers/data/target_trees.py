@@ -24,13 +24,10 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from hf_treespec.attention import float_mask
-from hf_treespec.compat import CACHE_KWARG
-from hf_treespec.features import capture_hidden_states
-from hf_treespec.policies import DraftSource, StepContext, TreePolicy
-from hf_treespec.policies.base import Growth, grow_in_rounds
-from hf_treespec.tree import DraftTree
-from hf_treespec.kv.window import sliding_layers
+from hf_treespec.api import (
+    float_mask, CACHE_KWARG, capture_hidden_states, DraftSource, StepContext, TreePolicy, Growth, grow_in_rounds,
+    DraftTree, sliding_layers,
+)
 
 
 class AnswerSource(DraftSource):

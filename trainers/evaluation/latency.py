@@ -12,12 +12,9 @@ from typing import Any, Callable, Sequence
 import torch
 from transformers import DynamicCache
 
-from hf_treespec.kv.tree_kv import TreeKV, keep_rows
-from hf_treespec.compat import CACHE_KWARG
-from hf_treespec.drafters.base import TargetFeatures, as_drafter
-from hf_treespec.features import capture_hidden_states
-from hf_treespec.cost.timing import sync
-from hf_treespec.tree import DraftTree, Regime
+from hf_treespec.api import (
+    TreeKV, keep_rows, CACHE_KWARG, TargetFeatures, as_drafter, capture_hidden_states, sync, DraftTree, Regime,
+)
 
 
 @dataclass

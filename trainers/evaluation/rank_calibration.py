@@ -26,13 +26,10 @@ from typing import Any, Sequence
 import torch
 from transformers import LogitsProcessorList
 
-from hf_treespec.attention import float_mask
-from hf_treespec.compat import CACHE_KWARG, output_cache
-from hf_treespec.drafters import FeatureDrafter, TargetFeatures
-from hf_treespec.features import capture_hidden_states
-from hf_treespec.generation.draft_source import WarpedDraftSource
-from hf_treespec.step_context import StepContext
-from hf_treespec.tree import DraftTree
+from hf_treespec.api import (
+    float_mask, CACHE_KWARG, output_cache, FeatureDrafter, TargetFeatures, capture_hidden_states, WarpedDraftSource,
+    StepContext, DraftTree,
+)
 
 
 @dataclass

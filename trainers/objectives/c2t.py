@@ -24,17 +24,10 @@ from typing import Any, Sequence
 import torch
 from transformers import DynamicCache, GenerationConfig, Trainer, TrainingArguments
 
-from hf_treespec.cli_options import option
-from hf_treespec.kv.tree_kv import keep_rows
-from hf_treespec.compat import CACHE_KWARG
-from hf_treespec.drafters.base import TargetFeatures, as_drafter
-from hf_treespec.features import capture_hidden_states
-from hf_treespec.generation.processors import process_tree_logits
-from hf_treespec.policies import POLICIES
-from hf_treespec.policies.c2t import C2TClassifier, node_features, top_entropy
-from hf_treespec.step_context import StepContext
-from hf_treespec.policies.base import DraftSource
-from hf_treespec.tree import DraftTree
+from hf_treespec.api import (
+    option, keep_rows, CACHE_KWARG, TargetFeatures, as_drafter, capture_hidden_states, process_tree_logits,
+    POLICIES, C2TClassifier, node_features, top_entropy, StepContext, DraftSource, DraftTree,
+)
 
 from ..data.chunks import ChunkFolder, batched, write_chunk
 from .small_model import SmallModelTrainerMixin

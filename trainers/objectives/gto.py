@@ -34,9 +34,7 @@ from typing import Any, Callable
 
 import torch
 
-from hf_treespec.attention import check_tree_attention
-from hf_treespec.policies import POLICIES
-from hf_treespec.tree import DraftTree, Regime
+from hf_treespec.api import check_tree_attention, POLICIES, DraftTree, Regime
 
 from ..data.collators import DrafterCollator
 from .losses import soft_cross_entropy

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hf_treespec.features import capture_hidden_states, final_norm
+from hf_treespec.api import capture_hidden_states, final_norm
 
 
 class TargetHead(nn.Module):

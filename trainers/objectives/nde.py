@@ -26,14 +26,7 @@ from typing import Any
 import torch
 from transformers import Trainer, TrainingArguments
 
-from hf_treespec.policies.nde import (
-    FEATURE_SETS,
-    LATENCY_FEATURES,
-    SCALAR_FEATURES,
-    Action,
-    DelaySelector,
-    DelaySelectorConfig,
-)
+from hf_treespec.api import FEATURE_SETS, LATENCY_FEATURES, SCALAR_FEATURES, Action, DelaySelector, DelaySelectorConfig
 
 from .metrics import BatchMetrics, MetricsMixin
 from ..data.nde_dataset import NDEData

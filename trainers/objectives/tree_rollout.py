@@ -24,13 +24,9 @@ from dataclasses import dataclass
 
 import torch
 
-from hf_treespec.attention import float_mask
-from hf_treespec.compat import CACHE_KWARG, output_cache
-from hf_treespec.policies import TreePolicy
-from hf_treespec.policies.base import grow_in_rounds
-from hf_treespec.step_context import StepContext
-from hf_treespec.tree import DraftTree
-from hf_treespec.kv.window import sliding_layers
+from hf_treespec.api import (
+    float_mask, CACHE_KWARG, output_cache, TreePolicy, grow_in_rounds, StepContext, DraftTree, sliding_layers,
+)
 
 from ..data.target_trees import AnswerSource
 

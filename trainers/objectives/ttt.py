@@ -28,7 +28,7 @@ INPUT_MODES = ("fc", "eagle3")
 def resolve_target_layers(input_mode: str, target_layers: list[int] | None, num_target_layers: int) -> list[int]:
     """The target layers to extract: explicit ones win; else ``eagle3`` = EAGLE-3's low / mid / high layers for the
     target's depth and ``fc`` = the pre-norm last state (EAGLE-1)."""
-    from hf_treespec.drafters.eagle_io import eagle3_default_target_layers
+    from hf_treespec.api import eagle3_default_target_layers
 
     if input_mode not in INPUT_MODES:
         raise ValueError(f"input mode must be one of {INPUT_MODES}, got {input_mode!r}.")

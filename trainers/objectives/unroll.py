@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hf_treespec.attention import float_mask
+from hf_treespec.api import float_mask
 
 #: batch keys of the flattened tree nodes (what a collator emits and ``TreeLevels.from_batch`` reads)
 LEVEL_KEYS = ("node_tokens", "node_parents", "node_roots", "node_depth", "node_valid", "level_bounds")
