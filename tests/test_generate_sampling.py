@@ -10,7 +10,7 @@ import pytest
 import torch
 from scipy.stats import chi2
 
-from conftest import fixed_budget
+from conftest import assert_drafted, fixed_budget
 
 PROMPT = torch.tensor([[3, 17, 42, 8, 8, 21]])
 WARP = dict(do_sample=True, temperature=1.2, top_k=3)
@@ -55,9 +55,14 @@ def test_three_token_law_is_preserved(target, drafters, policy, verifier):
     n = 600
     torch.manual_seed(0)
     counts: dict = {}
+    outs = []
     for _ in range(n):
         out = target.generate(PROMPT, max_new_tokens=3, assistant_model=drafters["perturbed"], tree_policy=policy,
-                              verifier=verifier, tree_depth=3, **WARP, **fixed_budget(policy))  # trees every step
-        cell = tuple(out[0, -3:].tolist())
+                              verifier=verifier, tree_depth=3, return_dict_in_generate=True, **WARP,
+                              **fixed_budget(policy))  # trees every step
+        outs.append(out)
+        cell = tuple(out.sequences[0, -3:].tolist())
         counts[cell] = counts.get(cell, 0) + 1
+    assert_drafted(outs)
+    assert all(out.drafted_steps == len(out.tree_sizes) for out in outs), "every step drafts a tree"
     assert chi_square_pvalue(counts, law, n) > 1e-3
