@@ -66,3 +66,38 @@ def test_three_token_law_is_preserved(target, drafters, policy, verifier):
     assert_drafted(outs)
     assert all(out.drafted_steps == len(out.tree_sizes) for out in outs), "every step drafts a tree"
     assert chi_square_pvalue(counts, law, n) > 1e-3
+
+
+def sharpened(model, factor: float = 3.0):
+    """A drafter that is ``model`` with its LM head scaled by ``factor``: sharper than the target, it puts more mass
+    than the target on the target's favourite tokens, so the tokens it drafts have p/q well below 1."""
+    import copy
+
+    drafter = copy.deepcopy(model)
+    with torch.no_grad():
+        drafter.lm_head.weight.mul_(factor)
+    return drafter
+
+
+@pytest.mark.parametrize("policy,verifier,shape", [("iid", "specinfer", {"tree_paths": 2, "tree_depth": 2}),
+                                                   ("chain", "naive", {"tree_depth": 2})],
+                         ids=["iid-specinfer", "chain-naive"])
+def test_a_sharper_drafter_holds_the_acceptance_ratio_to_account(target, policy, verifier, shape):
+    """The laws above draft with a perturbed copy of the target (p/q near 1 at its drafts), where an acceptance
+    rule that is slightly off barely moves the law: accepting with min(1, 1.2 p/q) passes them. A drafter sharper
+    than the target drafts tokens with p/q well below 1, where that bias moves the law of the tree step's tokens by
+    several points: this law fails under it (p ~ 3e-5 at n = 600 for SpecInfer), a correct rule passes."""
+    law = exact_law(target)
+    drafter = sharpened(target)
+    n = 600
+    torch.manual_seed(0)
+    counts: dict = {}
+    outs = []
+    for _ in range(n):
+        out = target.generate(PROMPT, max_new_tokens=3, assistant_model=drafter, tree_policy=policy,
+                              verifier=verifier, return_dict_in_generate=True, **shape, **WARP)
+        outs.append(out)
+        cell = tuple(out.sequences[0, -3:].tolist())
+        counts[cell] = counts.get(cell, 0) + 1
+    assert_drafted(outs)
+    assert chi_square_pvalue(counts, law, n) > 1e-3
