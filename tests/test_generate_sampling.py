@@ -79,14 +79,11 @@ def sharpened(model, factor: float = 3.0):
     return drafter
 
 
-@pytest.mark.parametrize("policy,verifier,shape", [("iid", "specinfer", {"tree_paths": 2, "tree_depth": 2}),
-                                                   ("chain", "naive", {"tree_depth": 2})],
-                         ids=["iid-specinfer", "chain-naive"])
-def test_a_sharper_drafter_holds_the_acceptance_ratio_to_account(target, policy, verifier, shape):
+def test_a_sharper_drafter_holds_the_acceptance_ratio_to_account(target):
     """The laws above draft with a perturbed copy of the target (p/q near 1 at its drafts), where an acceptance
     rule that is slightly off barely moves the law: accepting with min(1, 1.2 p/q) passes them. A drafter sharper
     than the target drafts tokens with p/q well below 1, where that bias moves the law of the tree step's tokens by
-    several points: this law fails under it (p ~ 3e-5 at n = 600 for SpecInfer), a correct rule passes."""
+    several points: this law fails under it (p ~ 3e-5 at n = 600), a correct rule passes (p ~ 0.9)."""
     law = exact_law(target)
     drafter = sharpened(target)
     n = 600
@@ -94,8 +91,8 @@ def test_a_sharper_drafter_holds_the_acceptance_ratio_to_account(target, policy,
     counts: dict = {}
     outs = []
     for _ in range(n):
-        out = target.generate(PROMPT, max_new_tokens=3, assistant_model=drafter, tree_policy=policy,
-                              verifier=verifier, return_dict_in_generate=True, **shape, **WARP)
+        out = target.generate(PROMPT, max_new_tokens=3, assistant_model=drafter, tree_policy="iid", tree_paths=2,
+                              tree_depth=2, verifier="specinfer", return_dict_in_generate=True, **WARP)
         outs.append(out)
         cell = tuple(out.sequences[0, -3:].tolist())
         counts[cell] = counts.get(cell, 0) + 1
