@@ -26,6 +26,20 @@ def fixed_budget(policy: str, nodes: int = 60) -> dict:
     return {"tree_budget": nodes} if POLICIES.get(policy).defaults.get("tree_budget") == "auto" else {}
 
 
+def confident_classifier(confidence: float = 0.9):
+    """A C2T classifier that keeps every candidate (constant ``confidence`` above the default threshold 0.5): a c2t
+    tree that drafts whatever the weights' random initialisation, where an untrained classifier may prune every
+    candidate and leave the test decoding plainly."""
+    from hf_treespec.policies.c2t import C2TClassifier
+
+    classifier = C2TClassifier()
+    with torch.no_grad():
+        last = classifier.net[-1]
+        last.weight.zero_()
+        last.bias.fill_(float(torch.logit(torch.tensor(confidence))))
+    return classifier
+
+
 def _forget_speed_models(value, seen: set) -> None:
     """Drops what a model fixture learnt about step costs (models nested in dicts / tuples included)."""
     from hf_treespec.cost import forget_speed_models

@@ -25,6 +25,8 @@ from hf_treespec.policies.base import DraftSource
 from hf_treespec.cost.sizer import TreeSizer
 from hf_treespec.tree import DraftTree
 
+from conftest import assert_drafted
+
 VOCAB = 64
 
 
@@ -80,6 +82,7 @@ def test_auto_needs_a_speed_model():
         POLICIES.get("salf")(tree_budget="auto").build(PeakedSource(), 3, context=StepContext(3))
 
 
+@pytest.mark.auto_budget
 @pytest.mark.parametrize("policy", ["chain", "delayed"])
 def test_auto_refused_by_policies_without_a_budget(target, drafters, prompt, policy):
     with pytest.raises(ValueError, match="tree_budget"):
@@ -123,16 +126,23 @@ def test_depth_acceptance_learns_alpha():
     assert acc.expected_tokens(2, 3) > acc.expected_tokens(1, 3)
 
 
+@pytest.mark.auto_budget
 @pytest.mark.parametrize("policy", ["iid", "swor"])
 def test_sampled_auto_greedy_identical_and_sampling_runs(target, drafters, prompt, policy, tmp_path, monkeypatch):
+    """The flat curve (pinned) and the truncated self-drafter (priced below a target step): auto draws shapes that
+    draft, so the identity is one of trees, not of draft-free steps."""
     monkeypatch.setenv("HF_TREESPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr("hf_treespec.cost.speed_model.load_or_calibrate",
+                        lambda m, cache_dir=None, compiled=None, batch=1: CostCurve.from_json(FLAT.to_json()))
     plain = target.generate(prompt, do_sample=False, max_new_tokens=30)
-    out = target.generate(prompt, assistant_model=drafters["perturbed"], tree_policy=policy, tree_budget="auto",
+    out = target.generate(prompt, assistant_model=drafters["truncated"], tree_policy=policy, tree_budget="auto",
                           do_sample=False, max_new_tokens=30, return_dict_in_generate=True)
+    assert_drafted(out)
     assert torch.equal(out.sequences, plain)
     torch.manual_seed(0)
-    out = target.generate(prompt, assistant_model=drafters["perturbed"], tree_policy=policy, tree_budget="auto",
+    out = target.generate(prompt, assistant_model=drafters["truncated"], tree_policy=policy, tree_budget="auto",
                           do_sample=True, max_new_tokens=20, return_dict_in_generate=True)
+    assert_drafted(out, accepting=False)
     assert out.sequences.shape[1] == prompt.shape[1] + 20
 
 
@@ -353,6 +363,7 @@ def test_calibrate_batches_prices_each_point(target):
     assert all(c.measured > 0 and c.ratio == c.measured / c.predicted for c in checks)
 
 
+@pytest.mark.auto_budget
 @pytest.mark.parametrize("policy", ["salf", "eagle2"])
 @pytest.mark.parametrize("curve_kind", ["steep", "flat", "measured"])
 def test_greedy_auto_identical_to_plain(target, drafters, prompt, policy, curve_kind, tmp_path, monkeypatch):
@@ -383,9 +394,11 @@ def test_greedy_auto_identical_to_plain(target, drafters, prompt, policy, curve_
         assert out.drafted_steps <= len(out.tree_sizes) // 8 + 1
         assert len(out.tree_sizes) >= 30
     if curve_kind == "flat":
+        assert_drafted(out)  # the identity is one of trees here
         assert out.drafted_steps == len(out.tree_sizes)
 
 
+@pytest.mark.auto_budget
 def test_sampling_with_auto_runs_and_reports(target, drafters, prompt, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_TREESPEC_CACHE", str(tmp_path))
     torch.manual_seed(0)
@@ -398,7 +411,7 @@ def test_sampling_with_auto_runs_and_reports(target, drafters, prompt, tmp_path,
 
 def test_num_beams_refused(target, drafters, prompt):
     with pytest.raises(ValueError, match="num_beams"):
-        target.generate(prompt, assistant_model=drafters["copy"], tree_policy="salf", num_beams=2,
+        target.generate(prompt, assistant_model=drafters["copy"], tree_policy="salf", tree_budget=8, num_beams=2,
                         max_new_tokens=4)
 
 
@@ -433,6 +446,7 @@ def test_data_commands_default_to_the_fast_dtype(monkeypatch):
         hardware.resolve_dtype_name("float32")
 
 
+@pytest.mark.auto_budget
 def test_draft_free_steps_then_drafting_with_a_feature_drafter(target, prompt, tmp_path, monkeypatch):
     """A feature drafter that sat through many draft-free steps (its pending chain of target features kept as
     chunks) drafts again at the periodic probe, and greedy output stays identical to plain generate (the drafter's

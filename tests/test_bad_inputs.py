@@ -21,7 +21,7 @@ def test_drafter_with_other_vocabulary(target, prompt):
     cfg.vocab_size = 80
     other = LlamaForCausalLM(LlamaConfig(**{**cfg.to_dict(), "vocab_size": 80})).eval()
     with pytest.raises(ValueError, match="vocabulary .*80.* does not match .*64"):
-        gen(target, prompt, other, tree_policy="salf")
+        gen(target, prompt, other, tree_policy="salf", tree_budget=8)
 
 
 def test_unknown_policy_lists_valid_ones(target, drafters, prompt):
@@ -31,22 +31,22 @@ def test_unknown_policy_lists_valid_ones(target, drafters, prompt):
 
 def test_unknown_verifier_lists_valid_ones(target, drafters, prompt):
     with pytest.raises(ValueError, match="Unknown verifier 'magic'.*greedy.*nss"):
-        gen(target, prompt, drafters["copy"], tree_policy="salf", verifier="magic", do_sample=True)
+        gen(target, prompt, drafters["copy"], tree_policy="salf", tree_budget=8, verifier="magic", do_sample=True)
 
 
 def test_verifier_not_lossless_for_deterministic_tree(target, drafters, prompt):
     with pytest.raises(ValueError, match="not lossless for the 'deterministic' drafting regime"):
-        gen(target, prompt, drafters["copy"], tree_policy="eagle2", verifier="naive", do_sample=True)
+        gen(target, prompt, drafters["copy"], tree_policy="eagle2", tree_budget=8, verifier="naive", do_sample=True)
 
 
 def test_greedy_verifier_refused_when_sampling(target, drafters, prompt):
     with pytest.raises(ValueError, match="not lossless when sampling"):
-        gen(target, prompt, drafters["copy"], tree_policy="salf", verifier="greedy", do_sample=True)
+        gen(target, prompt, drafters["copy"], tree_policy="salf", tree_budget=8, verifier="greedy", do_sample=True)
 
 
 def test_sampling_verifier_refused_when_greedy(target, drafters, prompt):
     with pytest.raises(ValueError, match="do_sample=False use verifier='greedy'"):
-        gen(target, prompt, drafters["copy"], tree_policy="salf", verifier="nss")
+        gen(target, prompt, drafters["copy"], tree_policy="salf", tree_budget=8, verifier="nss")
 
 
 def test_chain_only_verifier_on_a_tree(target, drafters, prompt):
@@ -59,17 +59,18 @@ def test_chain_only_verifier_on_a_tree(target, drafters, prompt):
 @pytest.mark.parametrize("kwarg", ["tree_budget", "tree_depth", "tree_topk"])
 def test_zero_budget(target, drafters, prompt, kwarg):
     with pytest.raises(ValueError, match=f"{kwarg} must be >= 1"):
-        gen(target, prompt, drafters["copy"], tree_policy="eagle2", **{kwarg: 0})
+        params = {"tree_budget": 8, kwarg: 0}
+        gen(target, prompt, drafters["copy"], tree_policy="eagle2", tree_budget=params.pop("tree_budget"), **params)
 
 
 def test_kwarg_the_policy_does_not_use(target, drafters, prompt):
     with pytest.raises(ValueError, match="does not use \\['salf_threshold'\\]"):
-        gen(target, prompt, drafters["copy"], tree_policy="eagle2", salf_threshold=0.5)
+        gen(target, prompt, drafters["copy"], tree_policy="eagle2", tree_budget=8, salf_threshold=0.5)
 
 
 def test_bad_salf_threshold(target, drafters, prompt):
     with pytest.raises(ValueError, match="salf_threshold must be in"):
-        gen(target, prompt, drafters["copy"], tree_policy="salf", salf_threshold=1.5)
+        gen(target, prompt, drafters["copy"], tree_policy="salf", tree_budget=8, salf_threshold=1.5)
 
 
 def test_all_padding_prompt_row(target, drafters):
@@ -77,28 +78,28 @@ def test_all_padding_prompt_row(target, drafters):
     mask = torch.ones_like(ids)
     mask[1] = 0
     with pytest.raises(ValueError, match="all padding"):
-        gen(target, ids, drafters["copy"], tree_policy="salf", attention_mask=mask, pad_token_id=0)
+        gen(target, ids, drafters["copy"], tree_policy="salf", tree_budget=8, attention_mask=mask, pad_token_id=0)
 
 
 def test_empty_prompt(target, drafters):
     with pytest.raises(ValueError, match="non-empty prompt"):
-        gen(target, torch.zeros(1, 0, dtype=torch.long), drafters["copy"], tree_policy="salf")
+        gen(target, torch.zeros(1, 0, dtype=torch.long), drafters["copy"], tree_policy="salf", tree_budget=8)
 
 
 def test_missing_drafter(target, prompt):
     with pytest.raises(ValueError, match="tree_policy needs a drafter"):
-        target.generate(prompt, max_new_tokens=5, tree_policy="salf")
+        target.generate(prompt, max_new_tokens=5, tree_policy="salf", tree_budget=8)
 
 
 def test_tree_kwargs_need_enable(prompt):
     model = tiny_llama(layers=1)
     with pytest.raises(ValueError, match="tree_policy"):
-        model.generate(prompt, max_new_tokens=3, tree_policy="salf", assistant_model=model)
+        model.generate(prompt, max_new_tokens=3, tree_policy="salf", tree_budget=8, assistant_model=model)
 
 
 def test_output_hidden_states_refused(target, drafters, prompt):
     with pytest.raises(ValueError, match="output_hidden_states"):
-        gen(target, prompt, drafters["copy"], tree_policy="salf", return_dict_in_generate=True,
+        gen(target, prompt, drafters["copy"], tree_policy="salf", tree_budget=8, return_dict_in_generate=True,
             output_hidden_states=True)
 
 

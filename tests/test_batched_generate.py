@@ -17,7 +17,7 @@ from hf_treespec.compat import CACHE_KWARG, output_cache
 from hf_treespec.policies import POLICIES
 from hf_treespec.verifiers import VERIFIERS
 
-from conftest import fixed_budget
+from conftest import assert_drafted, fixed_budget
 from test_generate_sampling import chi_square_pvalue, exact_law
 
 PROMPTS = [[3, 17, 42, 8, 8, 21], [5, 9, 33, 2], [11, 40, 7, 7, 19]]
@@ -49,6 +49,7 @@ GREEDY_POLICIES = ["chain", "eagle2", "optimal", "salf", "dyspec", "iid", "swor"
 @pytest.mark.parametrize("policy", GREEDY_POLICIES)
 def test_greedy_rows_equal_single_prompt_generate(target, drafters, policy):
     ids, mask = left_padded()
+    torch.manual_seed(0)  # iid, swor and delayed sample their shapes (which drafts are accepted) even when greedy
     out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=25, pad_token_id=PAD,
                           assistant_model=drafters["perturbed"], tree_policy=policy, return_dict_in_generate=True,
                           **fixed_budget(policy))
@@ -57,7 +58,9 @@ def test_greedy_rows_equal_single_prompt_generate(target, drafters, policy):
                                                                                 max_new_tokens=25)), row
     assert len(out.row_accepted_lengths) == 3
     assert all(sum(lengths) + 1 == 25 for lengths in out.row_accepted_lengths)
-    assert max(out.tree_sizes) >= 1
+    assert_drafted(out)
+    sizes = iter(out.tree_sizes)  # the rows' steps one after another, as row_accepted_lengths splits them
+    assert all(any([next(sizes) for _ in lengths]) for lengths in out.row_accepted_lengths), "every row drafts"
 
 
 def test_plain_batched_generate_rows_agree(target, drafters):
@@ -65,8 +68,10 @@ def test_plain_batched_generate_rows_agree(target, drafters):
     ids, mask = left_padded()
     plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20, pad_token_id=PAD)
     tree = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20, pad_token_id=PAD,
-                           assistant_model=drafters["perturbed"], tree_policy="salf")
-    assert torch.equal(tree, plain)
+                           assistant_model=drafters["perturbed"], tree_policy="salf", tree_budget=60,
+                           return_dict_in_generate=True)
+    assert_drafted(tree)
+    assert torch.equal(tree.sequences, plain)
 
 
 def test_batch_of_one_and_of_four_run_the_same_loop(target, drafters, monkeypatch):
@@ -82,18 +87,20 @@ def test_batch_of_one_and_of_four_run_the_same_loop(target, drafters, monkeypatc
 
     monkeypatch.setattr(TreeDecodingLoop, "verify", spy)
     kwargs = dict(do_sample=False, max_new_tokens=8, pad_token_id=PAD, assistant_model=drafters["perturbed"],
-                  tree_policy="salf")
+                  tree_policy="salf", tree_budget=60, return_dict_in_generate=True)
     one = target.generate(torch.tensor([PROMPTS[0]]), **kwargs)
     ids, mask = left_padded(PROMPTS + [[6, 6, 1]])
     four = target.generate(ids, attention_mask=mask, **kwargs)
+    assert_drafted(one)
+    assert_drafted(four)
     assert {(1, "OneRowKV", 1), (4, "RaggedKV", 4)} <= set(seen)
-    assert torch.equal(new_tokens(four, 0, ids.shape[1]), one[0, len(PROMPTS[0]):])
+    assert torch.equal(new_tokens(four.sequences, 0, ids.shape[1]), one.sequences[0, len(PROMPTS[0]):])
 
 
 @pytest.mark.parametrize("drafter_name", ["random", "copy", "truncated", "lookup"])
 def test_every_drafter_kind(target, drafters, drafter_name):
     drafter = hf_treespec.drafters.prompt_lookup(target) if drafter_name == "lookup" else drafters[drafter_name]
-    assert_batch_equals_single_prompts(target, drafter, "eagle2", 20)
+    assert_batch_equals_single_prompts(target, drafter, "eagle2", 20, accepting=drafter_name != "random")
 
 
 def test_feature_drafter(target):
@@ -101,13 +108,17 @@ def test_feature_drafter(target):
 
     torch.manual_seed(0)
     drafter = TreeSpecDrafterModel(TreeSpecDrafterConfig.for_target(target.config)).eval()
-    assert_batch_equals_single_prompts(target, drafter, "salf", 15)
+    assert_batch_equals_single_prompts(target, drafter, "salf", 15, accepting=False)  # an untrained drafter
 
 
-def assert_batch_equals_single_prompts(target, drafter, policy, max_new_tokens):
+def assert_batch_equals_single_prompts(target, drafter, policy, max_new_tokens, accepting=True, budget=60):
+    """The batch's rows equal each prompt's own plain generate, trees drafted (and accepted, with ``accepting``)."""
     ids, mask = left_padded()
     out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=PAD,
-                          assistant_model=drafter, tree_policy=policy)
+                          assistant_model=drafter, tree_policy=policy, tree_budget=budget,
+                          return_dict_in_generate=True)
+    assert_drafted(out, accepting=accepting)
+    out = out.sequences
     for row, prompt in enumerate(PROMPTS):
         assert torch.equal(new_tokens(out, row, ids.shape[1]), single(target, prompt, do_sample=False,
                                                                       max_new_tokens=max_new_tokens)), row
@@ -120,8 +131,9 @@ def test_rows_finish_at_different_steps_with_a_custom_eos(target, drafters):
     refs_eos = [single(target, p, do_sample=False, max_new_tokens=30, eos_token_id=eos, pad_token_id=PAD)
                 for p in PROMPTS]
     out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=30, eos_token_id=eos,
-                          pad_token_id=PAD, assistant_model=drafters["copy"], tree_policy="salf",
+                          pad_token_id=PAD, assistant_model=drafters["copy"], tree_policy="salf", tree_budget=60,
                           return_dict_in_generate=True)
+    assert_drafted(out)
     lengths = {len(r) for r in refs_eos}
     assert len(lengths) > 1, "the test needs rows of different lengths"
     width = ids.shape[1]
@@ -143,7 +155,9 @@ def test_stop_strings_per_row(target, drafters, word_tokenizer):
     stop = word_tokenizer.decode(ref[5:7])
     kwargs = dict(do_sample=False, max_new_tokens=30, stop_strings=[stop], tokenizer=word_tokenizer, pad_token_id=PAD)
     out = target.generate(ids, attention_mask=mask, assistant_model=drafters["perturbed"], tree_policy="eagle2",
-                          **kwargs)
+                          tree_budget=60, return_dict_in_generate=True, **kwargs)
+    assert_drafted(out)
+    out = out.sequences
     stopped = 0
     for row, prompt in enumerate(PROMPTS):
         alone = target.generate(torch.tensor([prompt]), **kwargs)[0, len(prompt):]
@@ -158,7 +172,9 @@ def test_stop_strings_per_row(target, drafters, word_tokenizer):
 def test_returned_cache_continues_plain_generate(target, drafters):
     ids, mask = left_padded()
     out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=12, pad_token_id=PAD,
-                          assistant_model=drafters["perturbed"], tree_policy="eagle2", return_dict_in_generate=True)
+                          assistant_model=drafters["perturbed"], tree_policy="eagle2", tree_budget=60,
+                          return_dict_in_generate=True)
+    assert_drafted(out)
     cache = output_cache(out)
     assert cache.get_seq_length() == out.sequences.shape[1] - 1
     more = target.generate(out.sequences, attention_mask=out.attention_mask, do_sample=False, max_new_tokens=8,
@@ -173,8 +189,9 @@ def test_returned_cache_after_rows_dropped_out(target, drafters):
     ref = single(target, PROMPTS[1], do_sample=False, max_new_tokens=30)
     eos = int(ref[5])
     out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=14, eos_token_id=eos,
-                          pad_token_id=PAD, assistant_model=drafters["copy"], tree_policy="salf",
+                          pad_token_id=PAD, assistant_model=drafters["copy"], tree_policy="salf", tree_budget=60,
                           return_dict_in_generate=True)
+    assert_drafted(out)
     cache = output_cache(out)
     for row, prompt in enumerate(PROMPTS):
         real = out.attention_mask[row].bool()
@@ -195,11 +212,23 @@ def test_returned_cache_after_rows_dropped_out(target, drafters):
         torch.testing.assert_close(step, alone, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.auto_budget
 def test_auto_budget_batch(target, drafters, tmp_path, monkeypatch):
+    """auto sizes a batch's trees: on a flat curve (pinned: a GPU's) with the truncated self-drafter (priced below a
+    target step) its rows draft, and each equals its own plain generate."""
+    from hf_treespec.cost.curve import CostCurve
+
+    sizes = [1, 2, 4, 8, 16, 32, 64, 128]
+    flat = CostCurve(sizes, [256], [[0.05 + 0.0001 * n for n in sizes]])
     monkeypatch.setenv("HF_TREESPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr("hf_treespec.cost.speed_model.load_or_calibrate",
+                        lambda m, cache_dir=None, compiled=None, batch=1: CostCurve.from_json(flat.to_json()))
     ids, mask = left_padded()
     out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20, pad_token_id=PAD,
-                          assistant_model=drafters["copy"], tree_policy="salf", tree_budget="auto")
+                          assistant_model=drafters["truncated"], tree_policy="salf", tree_budget="auto",
+                          return_dict_in_generate=True)
+    assert_drafted(out)
+    out = out.sequences
     for row, prompt in enumerate(PROMPTS):
         assert torch.equal(new_tokens(out, row, ids.shape[1]), single(target, prompt, do_sample=False,
                                                                       max_new_tokens=20)), row
@@ -213,6 +242,7 @@ def steep_curve():
     return CostCurve(sizes, [256], [[0.05 * n for n in sizes]])
 
 
+@pytest.mark.auto_budget
 def test_batch_where_no_tree_pays_runs_no_policy_and_equals_plain(target, drafters, tmp_path, monkeypatch):
     """auto under a cost curve where no tree can pay: no row drafts (one bound per step, no probe within budget), the
     draft-free rows share processor and stopping calls per row length, and every row equals plain batched
@@ -249,8 +279,10 @@ def test_repetition_penalty_on_a_padded_batch_equals_plain_batched(target, draft
     ids, mask = left_padded()
     kwargs = dict(attention_mask=mask, do_sample=False, max_new_tokens=20, repetition_penalty=1.5, pad_token_id=PAD)
     ref = target.generate(ids, **kwargs)
-    out = target.generate(ids, assistant_model=drafters["perturbed"], tree_policy=policy, **kwargs)
-    assert torch.equal(out, ref)
+    out = target.generate(ids, assistant_model=drafters["perturbed"], tree_policy=policy, return_dict_in_generate=True,
+                          **fixed_budget(policy), **kwargs)
+    assert_drafted(out)
+    assert torch.equal(out.sequences, ref)
 
 
 def test_per_row_processor_state_is_narrowed_to_the_rows():
@@ -363,7 +395,9 @@ def test_num_return_sequences_with_sampling(target, drafters):
     prompt = torch.tensor([PROMPTS[0]])
     torch.manual_seed(0)
     out = target.generate(prompt, do_sample=True, num_return_sequences=4, max_new_tokens=10,
-                          assistant_model=drafters["perturbed"], tree_policy="salf", return_dict_in_generate=True)
+                          assistant_model=drafters["perturbed"], tree_policy="salf", tree_budget=60,
+                          return_dict_in_generate=True)
+    assert_drafted(out)
     assert out.sequences.shape == (4, prompt.shape[1] + 10)
     assert torch.equal(out.sequences[:, : prompt.shape[1]], prompt.expand(4, -1))
     assert len({tuple(r) for r in out.sequences[:, prompt.shape[1]:].tolist()}) > 1, "rows sample independently"
@@ -379,14 +413,14 @@ def test_streamer_with_a_batch_is_refused(target, drafters):
     ids, mask = left_padded()
     with pytest.raises(ValueError, match="batch size 1|streamer takes one sequence"):
         target.generate(ids, attention_mask=mask, max_new_tokens=3, pad_token_id=PAD, streamer=TextStreamer(Tok()),
-                        assistant_model=drafters["copy"], tree_policy="salf")
+                        assistant_model=drafters["copy"], tree_policy="salf", tree_budget=8)
 
 
 def test_right_padding_is_refused(target, drafters):
     ids, mask = left_padded()
     with pytest.raises(ValueError, match="left padding"):
         target.generate(ids.flip(-1), attention_mask=mask.flip(-1), max_new_tokens=3, pad_token_id=PAD,
-                        assistant_model=drafters["copy"], tree_policy="salf")
+                        assistant_model=drafters["copy"], tree_policy="salf", tree_budget=8)
 
 
 def test_scores_are_per_row_steps(target, drafters):
@@ -394,7 +428,8 @@ def test_scores_are_per_row_steps(target, drafters):
     kwargs = dict(attention_mask=mask, do_sample=False, max_new_tokens=6, pad_token_id=PAD, output_scores=True,
                   return_dict_in_generate=True)
     plain = target.generate(ids, **kwargs)
-    out = target.generate(ids, assistant_model=drafters["perturbed"], tree_policy="salf", **kwargs)
+    out = target.generate(ids, assistant_model=drafters["perturbed"], tree_policy="salf", tree_budget=60, **kwargs)
+    assert_drafted(out)
     assert len(out.scores) == len(plain.scores) == 6
     for ours, theirs in zip(out.scores, plain.scores):
         torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
@@ -445,19 +480,24 @@ def shape_of(policy):
     return {"delay_trunk": 1, "delay_branch": 1}
 
 
-def batched_counts(target, drafter, policy, verifier, n):
+def batched_counts(target, drafter, policy, verifier, n, budget=60):
+    """Each row's counts of its new tokens over ``n`` batched generate calls (trees of ``budget`` nodes for a policy
+    sized by ``tree_budget``), and the calls' outputs (for `assert_drafted`)."""
     ids, mask = left_padded()
     stop = StoppingCriteriaList([StopRowEarly(ids.shape[1])])
     counts = [{} for _ in PROMPTS]
+    outs = []
     for _ in range(n):
         out = target.generate(ids, attention_mask=mask, max_new_tokens=3, pad_token_id=PAD, stopping_criteria=stop,
                               assistant_model=drafter, tree_policy=policy, verifier=verifier, **shape_of(policy),
-                              **WARP)
+                              return_dict_in_generate=True, **fixed_budget(policy, budget), **WARP)
+        outs.append(out)
+        out = out.sequences
         for row in range(len(PROMPTS)):
             cell = tuple(out[row, ids.shape[1]: ids.shape[1] + (2 if row == STOP_ROW else 3)].tolist())
             counts[row][cell] = counts[row].get(cell, 0) + 1
         assert int(out[STOP_ROW, -1]) == PAD, "the early row is padded after it stopped"
-    return counts
+    return counts, outs
 
 
 @pytest.fixture(scope="module")
@@ -471,7 +511,8 @@ N_SAMPLES = 240  # per row and pair; a correct sampler fails one row's test with
 @pytest.mark.parametrize("policy,verifier", LOSSLESS_PAIRS)
 def test_batched_sampling_keeps_each_rows_law(target, drafters, laws, policy, verifier):
     torch.manual_seed(0)
-    counts = batched_counts(target, drafters["perturbed"], policy, verifier, N_SAMPLES)
+    counts, outs = batched_counts(target, drafters["perturbed"], policy, verifier, N_SAMPLES)
+    assert_drafted(outs)
     for row in range(len(PROMPTS)):
         assert chi_square_pvalue(counts[row], laws[row], N_SAMPLES) > 1e-3, row
 
@@ -491,7 +532,8 @@ def test_a_broken_acceptance_rule_fails_the_batched_test(target, drafters, laws,
 
     monkeypatch.setattr(cls, "verify", accept_first_child)
     torch.manual_seed(0)
-    counts = batched_counts(target, drafters["random"], "eagle2", "nss", N_SAMPLES)
+    counts, outs = batched_counts(target, drafters["random"], "eagle2", "nss", N_SAMPLES)
+    assert_drafted(outs)  # the control drafts (and accepts): the skew below comes from the broken rule, not from chance
     assert min(pvalue_or_zero(counts[row], laws[row]) for row in range(len(PROMPTS))) < 1e-3
 
 

@@ -11,7 +11,7 @@ import hf_treespec
 from hf_treespec.assets import default_drafter, load_questions, load_target
 from hf_treespec.benchmark.batched import left_pad
 
-from conftest import fixed_budget
+from conftest import assert_drafted, fixed_budget
 
 POLICIES = ["chain", "eagle2", "optimal", "salf", "c2t", "dyspec", "static", "iid", "swor", "delayed", "nde"]
 #: the policy the default test command checks here; the others (about a minute each on 2 cores) run under -m slow
@@ -43,6 +43,7 @@ def test_every_policy_rows_equal_single_prompt_generate(setup, policy):
     out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=pad,
                          assistant_model=drafter, tree_policy=policy, return_dict_in_generate=True,
                          **fixed_budget(policy))  # trees on every step: auto may find none pays on this machine
+    assert_drafted(out)
     for row, single in enumerate(singles):
         got = out.sequences[row, ids.shape[1]:]
         assert torch.equal(got[: single.numel()], single), (policy, row)
@@ -58,14 +59,20 @@ def test_custom_eos_and_stop_strings_finish_rows_at_different_steps(setup):
     eos = int(singles[0][5])  # row 0 ends at its 6th token at the latest
     kwargs = dict(max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=pad, eos_token_id=eos)
     plain = model.generate(ids, attention_mask=mask, **kwargs)
-    tree = model.generate(ids, attention_mask=mask, assistant_model=drafter, tree_policy="salf", **kwargs)
+    tree = model.generate(ids, attention_mask=mask, assistant_model=drafter, tree_policy="salf", tree_budget=60,
+                          return_dict_in_generate=True, **kwargs)
+    assert_drafted(tree)
+    tree = tree.sequences
     assert torch.equal(tree, plain)
     for row, prompt in enumerate(prompts):
         alone = model.generate(prompt, attention_mask=torch.ones_like(prompt), **kwargs)[0, prompt.shape[1]:]
         assert torch.equal(tree[row, ids.shape[1]: ids.shape[1] + alone.numel()], alone), row
     stop = tok.decode(singles[1][8:10])
     kwargs = dict(max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=pad, stop_strings=[stop], tokenizer=tok)
-    tree = model.generate(ids, attention_mask=mask, assistant_model=drafter, tree_policy="eagle2", **kwargs)
+    tree = model.generate(ids, attention_mask=mask, assistant_model=drafter, tree_policy="eagle2", tree_budget=60,
+                          return_dict_in_generate=True, **kwargs)
+    assert_drafted(tree)
+    tree = tree.sequences
     lengths = set()
     for row, prompt in enumerate(prompts):
         alone = model.generate(prompt, attention_mask=torch.ones_like(prompt), **kwargs)[0, prompt.shape[1]:]

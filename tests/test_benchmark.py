@@ -173,12 +173,13 @@ def test_divergence_helper():
 def test_sweep_adds_variants_and_cost_curve(tiny, questions_file, tmp_path):
     model, tokenizer, drafter = tiny
     cfg = config(questions_file, methods=["plain", "tree:chain", "tree:salf"], max_new_tokens=8,
-                 sweep=parse_sweep("tree_budget=2,6"))
+                 sweep=parse_sweep("tree_budget=2,6"), overrides=[parse_override("salf.tree_budget=4")])
     result = run_benchmark(cfg, model=model, tokenizer=tokenizer, drafter=drafter)
     # chain takes no tree_budget, so only salf is swept
     assert result.methods == ["plain", "tree:chain", "tree:salf", "tree:salf@tree_budget=2", "tree:salf@tree_budget=6"]
     sizes = {s.method: s.mean_tree_size for s in result.summaries()}
     assert sizes["tree:salf@tree_budget=2"] <= 2.0 < sizes["tree:salf@tree_budget=6"] <= 6.0
+    assert 0 < sizes["tree:salf"] <= 4.0  # pinned: the identities below are of drafted trees
     assert all(s.identical == 2 for s in result.summaries() if s.method != "plain")
     out = write_report(result, tmp_path / "sweep")
     table = (out / "table.md").read_text()

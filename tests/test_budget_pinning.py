@@ -3,8 +3,9 @@
 ``tree_budget="auto"`` sizes trees by this machine's measured costs, so which steps draft depends on the machine,
 its load and what ran before: a test of identity, a sampled law or draft counts that leaves the size to ``auto``
 may pass without drafting a tree. A call pins its size by passing ``tree_budget`` (a number), by ``**fixed_budget(
-policy)``, or by naming (as a literal) a policy whose default size is a number. Tests of ``auto`` itself carry
-``@pytest.mark.auto_budget``.
+policy)``, by naming (as a literal) a policy whose default size is a number, or (the trainers' ``PrepareConfig``,
+whose policy takes its parameters as a dict) by a literal ``tree_params`` dict with a ``"tree_budget"`` key. Tests
+of ``auto`` itself carry ``@pytest.mark.auto_budget``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,13 @@ def _pins(call: ast.Call, auto_policies: set[str]) -> str | None:
     budget = keywords.get("tree_budget")
     if budget is not None:
         if isinstance(budget, ast.Constant) and budget.value == "auto":
+            return "tree_budget='auto' outside a test marked auto_budget"
+        return None
+    params = keywords.get("tree_params")
+    if isinstance(params, ast.Dict) and any(isinstance(key, ast.Constant) and key.value == "tree_budget"
+                                            for key in params.keys):
+        if any(isinstance(key, ast.Constant) and key.value == "tree_budget" and isinstance(value, ast.Constant)
+               and value.value == "auto" for key, value in zip(params.keys, params.values)):
             return "tree_budget='auto' outside a test marked auto_budget"
         return None
     for splat in (k.value for k in call.keywords if k.arg is None):
@@ -83,9 +91,12 @@ def test_the_check_sees_an_unpinned_call(tmp_path):
         "    m.generate(tree_policy='salf', tree_budget=8)\n"
         "    m.generate(tree_policy=policy, **fixed_budget(policy))\n"
         "    m.generate(tree_policy='chain')\n"
+        "    PrepareConfig(tree_policy='salf', tree_params={'tree_depth': 2})\n"  # 9: auto by default
+        "    PrepareConfig(tree_policy='salf', tree_params={'tree_budget': 'auto'})\n"  # 10: auto, unmarked
+        "    PrepareConfig(tree_policy='salf', tree_params={'tree_budget': 60})\n"
         "@pytest.mark.auto_budget\n"
         "def test_b(m):\n"
         "    m.generate(tree_policy='salf')\n"
     )
     found = unpinned_calls(source, {"salf"})
-    assert [line.split(":")[1] for line in found] == ["3", "4", "5"]
+    assert [line.split(":")[1] for line in found] == ["3", "4", "5", "9", "10"]

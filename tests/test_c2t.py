@@ -14,6 +14,8 @@ from hf_treespec.policies import POLICIES
 from hf_treespec.policies.c2t import C2TClassifier, C2TClassifierConfig, node_features, top_entropy
 from hf_treespec.tree import DraftTree
 
+from conftest import assert_drafted
+
 
 def path_of(tree: DraftTree, node: int) -> tuple[int, ...]:
     return tuple(tree.paths()[node, 1 : int(tree.depth[node]) + 1].tolist())
@@ -112,8 +114,10 @@ def test_bundled_classifier_is_found(tmp_path, target, drafters, prompt):
         found = POLICIES.get("c2t").defaults_from_drafter(as_drafter(drafter))
         assert found == {"c2t_classifier": str(tmp_path / "c2t")}
         ref = target.generate(prompt, do_sample=False, max_new_tokens=8)
-        out = target.generate(prompt, do_sample=False, max_new_tokens=8, assistant_model=drafter, tree_policy="c2t")
-        assert torch.equal(out, ref)
+        out = target.generate(prompt, do_sample=False, max_new_tokens=8, assistant_model=drafter, tree_policy="c2t",
+                              return_dict_in_generate=True)
+        assert_drafted(out)
+        assert torch.equal(out.sequences, ref)
     finally:
         drafter.name_or_path = old
 
@@ -124,6 +128,7 @@ def test_greedy_generate_is_plain_greedy(target, drafters, prompt, beta):
     out = target.generate(prompt, do_sample=False, max_new_tokens=20, assistant_model=drafters["perturbed"],
                           tree_policy="c2t", c2t_classifier=JointProbClassifier(), c2t_threshold=beta,
                           return_dict_in_generate=True)
+    assert_drafted(out)
     assert torch.equal(out.sequences, ref)
 
 

@@ -10,6 +10,8 @@ import torch
 from hf_treespec.policies import POLICIES, DraftSource, StepContext
 from hf_treespec.tree import DraftTree
 
+from conftest import assert_drafted
+
 # top draft probability at each depth of the greedy path: .9, .6, .4, .8, .8, ...
 TOPS = [0.9, 0.6, 0.4, 0.8, 0.8, 0.8, 0.8]
 
@@ -70,6 +72,7 @@ def test_greedy_generate_is_plain_greedy(target, drafters, prompt, params):
     ref = target.generate(prompt, do_sample=False, max_new_tokens=20)
     out = target.generate(prompt, do_sample=False, max_new_tokens=20, assistant_model=drafters["perturbed"],
                           tree_policy="chain", tree_depth=6, return_dict_in_generate=True, **params)
+    assert_drafted(out)
     assert torch.equal(out.sequences, ref)
     assert len(set(out.tree_sizes)) > 1, "the early exit never changed the chain length: the test checks nothing"
 
@@ -83,11 +86,14 @@ def test_three_token_law_is_preserved(target, drafters, params):
     torch.manual_seed(0)
     counts: dict = {}
     sizes: set = set()
+    outs = []
     for _ in range(n):
         out = target.generate(PROMPT, max_new_tokens=3, assistant_model=drafters["perturbed"], tree_policy="chain",
                               verifier="naive", tree_depth=3, return_dict_in_generate=True, **WARP, **params)
+        outs.append(out)
         cell = tuple(out.sequences[0, -3:].tolist())
         counts[cell] = counts.get(cell, 0) + 1
         sizes.update(out.tree_sizes)
+    assert_drafted(outs)
     assert len(sizes) > 1, "the early exit never changed the chain length: the test checks nothing"
     assert chi_square_pvalue(counts, law, n) > 1e-3

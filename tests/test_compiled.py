@@ -14,7 +14,7 @@ import logging
 
 import pytest
 import torch
-from conftest import perturbed_copy, tiny_llama
+from conftest import assert_drafted, fixed_budget, perturbed_copy, tiny_llama
 from transformers import CompileConfig, DynamicCache
 
 import hf_treespec
@@ -91,17 +91,17 @@ def test_settings_follow_transformers_compile_config():
     assert "dynamic" not in custom.compile_kwargs()  # the varying dimensions are marked per step instead
 
 
-@pytest.mark.parametrize("policy,kwargs", [("chain", {}), ("salf", {"tree_budget": 6}),
-                                           ("eagle2", {"tree_budget": 8}), ("optimal", {"tree_budget": 5})])
-def test_compiled_greedy_equals_compiled_plain_decoding(traced, policy, kwargs):
+@pytest.mark.parametrize("policy,budget", [("chain", None), ("salf", 6), ("eagle2", 8), ("optimal", 5)])
+def test_compiled_greedy_equals_compiled_plain_decoding(traced, policy, budget):
     model, drafter = traced
     ids = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(1))
     plain = model.generate(ids, max_new_tokens=40, do_sample=False, custom_generate=plain_generate,
                            compile_config=TRACE_ONLY)
     assert torch.equal(plain, model.generate(ids, max_new_tokens=40, do_sample=False))
     out = model.generate(ids, max_new_tokens=40, do_sample=False, assistant_model=drafter, tree_policy=policy,
-                         compile_config=TRACE_ONLY, **kwargs)
-    assert torch.equal(out, plain)
+                         compile_config=TRACE_ONLY, return_dict_in_generate=True, **fixed_budget(policy, budget))
+    assert_drafted(out)
+    assert torch.equal(out.sequences, plain)
 
 
 def test_compiled_batch_equals_plain_batched_generate(traced):
@@ -115,10 +115,11 @@ def test_compiled_batch_equals_plain_batched_generate(traced):
                                     custom_generate=plain_generate, compile_config=TRACE_ONLY)
     assert torch.equal(compiled_plain, plain)
     for policy in ("salf", "chain"):
-        kwargs = {"tree_budget": 6} if policy == "salf" else {}
         out = model.generate(ids, attention_mask=mask, max_new_tokens=25, do_sample=False, pad_token_id=0,
-                             assistant_model=drafter, tree_policy=policy, compile_config=TRACE_ONLY, **kwargs)
-        assert torch.equal(out, plain), policy
+                             assistant_model=drafter, tree_policy=policy, compile_config=TRACE_ONLY,
+                             return_dict_in_generate=True, **fixed_budget(policy, 6))
+        assert_drafted(out)
+        assert torch.equal(out.sequences, plain), policy
 
 
 def test_disable_compile_keeps_the_eager_forward(traced):
@@ -126,7 +127,7 @@ def test_disable_compile_keeps_the_eager_forward(traced):
     fresh = hf_treespec.enable(tiny_llama(seed=3))
     ids = torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(3))
     fresh.generate(ids, max_new_tokens=5, do_sample=False, assistant_model=drafter, tree_policy="salf",
-                   compile_config=TRACE_ONLY, disable_compile=True)
+                   tree_budget=6, compile_config=TRACE_ONLY, disable_compile=True)
     assert "_treespec_compiled_forwards" not in fresh.__dict__
 
 
@@ -141,7 +142,9 @@ def test_compilation_failure_falls_back_to_eager_with_one_warning(caplog):
     config = CompileConfig(backend=broken_backend, mode=None)
     with caplog.at_level(logging.WARNING, logger="hf_treespec.compiled.forward"):
         out = model.generate(ids, max_new_tokens=20, do_sample=False, assistant_model=drafter, tree_policy="salf",
-                             tree_budget=6, compile_config=config)
+                             tree_budget=6, compile_config=config, return_dict_in_generate=True)
+        assert_drafted(out)
+        out = out.sequences
         again = model.generate(ids, max_new_tokens=20, do_sample=False, custom_generate=plain_generate,
                                compile_config=config)
     assert torch.equal(out, reference) and torch.equal(again, reference)
@@ -164,8 +167,10 @@ def test_inductor_greedy_identity_and_no_recompile_over_200_steps(inductor):
     plain = model.generate(ids, max_new_tokens=200, do_sample=False, custom_generate=plain_generate,
                            compile_config=config)
     tree = model.generate(ids, max_new_tokens=200, do_sample=False, assistant_model=drafter, tree_policy="salf",
-                          tree_budget=6, compile_config=config)
+                          tree_budget=6, compile_config=config, return_dict_in_generate=True)
     assert unique_graphs() == before
+    assert_drafted(tree)
+    tree = tree.sequences
     assert torch.equal(tree, plain)
 
 
@@ -179,12 +184,15 @@ def test_inductor_sampling_preserves_the_target_law(inductor, policy, verifier):
     n = 600
     torch.manual_seed(0)
     counts: dict = {}
+    outs = []
     extra = {"verifier": verifier} if verifier else {}
     for _ in range(n):
         out = model.generate(PROMPT, max_new_tokens=3, assistant_model=drafter, tree_policy=policy, tree_budget=6,
-                             compile_config=CompileConfig(), **extra, **WARP)
-        cell = tuple(out[0, -3:].tolist())
+                             compile_config=CompileConfig(), return_dict_in_generate=True, **extra, **WARP)
+        outs.append(out)
+        cell = tuple(out.sequences[0, -3:].tolist())
         counts[cell] = counts.get(cell, 0) + 1
+    assert_drafted(outs)
     assert chi_square_pvalue(counts, law, n) > 1e-3
 
 
@@ -208,8 +216,9 @@ def test_feature_drafter_compiled_with_the_target(traced, input_mode):
     plain = model.generate(ids, max_new_tokens=30, do_sample=False, custom_generate=plain_generate,
                            compile_config=TRACE_ONLY)
     out = model.generate(ids, max_new_tokens=30, do_sample=False, assistant_model=drafter, tree_policy="salf",
-                         tree_budget=6, compile_config=TRACE_ONLY)
-    assert torch.equal(out, plain)
+                         tree_budget=6, compile_config=TRACE_ONLY, return_dict_in_generate=True)
+    assert_drafted(out, accepting=False)  # an untrained drafter
+    assert torch.equal(out.sequences, plain)
     compiled = compiled_forward_for(drafter, CompileSettings.from_compile_config(TRACE_ONLY), CompiledDrafterForward)
     assert compiled.failure is None and len(compiled.compile_seconds) == 2
     assert sum(counters["graph_break"].values()) == breaks
@@ -225,6 +234,7 @@ def test_a_step_dynamo_runs_eagerly_is_still_exact():
     reference = model.generate(ids, max_new_tokens=20, do_sample=False)
     with torch._dynamo.config.patch(recompile_limit=1):  # one graph: the several-rows step is never compiled
         out = model.generate(ids, max_new_tokens=20, do_sample=False, assistant_model=drafter, tree_policy="salf",
-                             tree_budget=6, compile_config=TRACE_ONLY)
-    assert torch.equal(out, reference)
+                             tree_budget=6, compile_config=TRACE_ONLY, return_dict_in_generate=True)
+    assert_drafted(out)
+    assert torch.equal(out.sequences, reference)
     release(model)

@@ -19,7 +19,7 @@ import hf_treespec
 from hf_treespec.policies import POLICIES
 from hf_treespec.verifiers import VERIFIERS
 
-from conftest import perturbed_copy, tiny_llama
+from conftest import assert_drafted, confident_classifier, fixed_budget, perturbed_copy, tiny_llama
 from test_batched_generate import PAD, PROMPTS
 from test_batched_generate import left_padded as cpu_left_padded
 
@@ -27,6 +27,9 @@ from test_batched_generate import left_padded as cpu_left_padded
 CUDA = torch.device(os.environ.get("HF_TREESPEC_TEST_DEVICE", "cuda"))
 pytestmark = pytest.mark.skipif(CUDA.type == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA device")
 GREEDY_POLICIES = ["chain", "eagle2", "optimal", "salf", "dyspec", "iid", "swor", "delayed", "static"]
+#: policies that sample their trees' tokens from the drafter even when decoding greedily: whether one of 20 steps
+#: accepts a draft is chance (and the device's random stream), so only their drafting is asserted
+SAMPLED_SHAPES = ("iid", "swor", "delayed")
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +65,11 @@ def single(target, prompt, **kwargs):
 def test_greedy_single_prompt(gpu_target, gpu_drafters, policy, drafter_name):
     prompt = torch.tensor([PROMPTS[0]], device=CUDA)
     ref = gpu_target.generate(prompt, do_sample=False, max_new_tokens=20)
+    torch.manual_seed(0)  # iid, swor and delayed sample their shapes (which drafts are accepted) even when greedy
     out = gpu_target.generate(prompt, do_sample=False, max_new_tokens=20, assistant_model=gpu_drafters[drafter_name],
-                              tree_policy=policy, return_dict_in_generate=True)
+                              tree_policy=policy, return_dict_in_generate=True, **fixed_budget(policy))
+    # the feature drafter is untrained
+    assert_drafted(out, accepting=drafter_name != "feature" and policy not in SAMPLED_SHAPES)
     assert out.sequences.device.type == CUDA.type
     assert torch.equal(out.sequences, ref)
 
@@ -72,9 +78,11 @@ def test_greedy_single_prompt(gpu_target, gpu_drafters, policy, drafter_name):
 @pytest.mark.parametrize("policy", GREEDY_POLICIES)
 def test_greedy_batch(gpu_target, gpu_drafters, policy, drafter_name):
     ids, mask = left_padded()
+    torch.manual_seed(0)  # iid, swor and delayed sample their shapes (which drafts are accepted) even when greedy
     out = gpu_target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=16, pad_token_id=PAD,
                               assistant_model=gpu_drafters[drafter_name], tree_policy=policy,
-                              return_dict_in_generate=True)
+                              return_dict_in_generate=True, **fixed_budget(policy))
+    assert_drafted(out, accepting=drafter_name != "feature" and policy not in SAMPLED_SHAPES)
     for row, prompt in enumerate(PROMPTS):
         assert torch.equal(out.sequences[row, ids.shape[1]:], single(gpu_target, prompt, do_sample=False,
                                                                      max_new_tokens=16)), row
@@ -88,14 +96,16 @@ def test_batch_rows_finish_early_and_cache_continues(gpu_target, gpu_drafters):
     eos = int(refs[1][5])
     out = gpu_target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=24, eos_token_id=eos,
                               pad_token_id=PAD, assistant_model=gpu_drafters["perturbed"], tree_policy="salf",
-                              return_dict_in_generate=True)
+                              tree_budget=60, return_dict_in_generate=True)
+    assert_drafted(out)
     plain = gpu_target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=24, eos_token_id=eos,
                                 pad_token_id=PAD)
     assert torch.equal(out.sequences, plain)
     # the returned cache continues plain generate (no EOS this time, so every row runs on)
     out = gpu_target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=10, pad_token_id=PAD,
-                              assistant_model=gpu_drafters["perturbed"], tree_policy="eagle2",
+                              assistant_model=gpu_drafters["perturbed"], tree_policy="eagle2", tree_budget=60,
                               return_dict_in_generate=True)
+    assert_drafted(out)
     full_mask = torch.cat([mask, torch.ones_like(out.sequences[:, ids.shape[1]:])], dim=1)
     more = gpu_target.generate(out.sequences, attention_mask=full_mask, **{CACHE_KWARG: output_cache(out)},
                                do_sample=False, max_new_tokens=6, pad_token_id=PAD)
@@ -125,11 +135,14 @@ def test_sampling_runs_and_reproduces(gpu_target, gpu_drafters, policy, verifier
     itself is device-independent arithmetic, tested on the CPU.)"""
     ids, mask = left_padded()
     kwargs = dict(attention_mask=mask, do_sample=True, temperature=1.0, top_k=8, max_new_tokens=12, pad_token_id=PAD,
-                  assistant_model=gpu_drafters["perturbed"], tree_policy=policy, verifier=verifier)
+                  assistant_model=gpu_drafters["perturbed"], tree_policy=policy, verifier=verifier,
+                  return_dict_in_generate=True, **fixed_budget(policy))
     torch.manual_seed(3)
     first = gpu_target.generate(ids, **kwargs)
+    assert_drafted(first, accepting=False)
     torch.manual_seed(3)
     second = gpu_target.generate(ids, **kwargs)
+    first, second = first.sequences, second.sequences
     assert torch.equal(first, second)
     assert int(first.max()) < gpu_target.config.vocab_size
 
@@ -137,21 +150,23 @@ def test_sampling_runs_and_reproduces(gpu_target, gpu_drafters, policy, verifier
 def test_c2t_and_nde_with_cpu_loaded_modules(gpu_target, gpu_drafters):
     """A classifier / selector as loaded (on the CPU) serves a GPU target."""
     from hf_treespec.policies import DelaySelector, DelaySelectorConfig
-    from hf_treespec.policies.c2t import C2TClassifier
 
     prompt = torch.tensor([PROMPTS[0]], device=CUDA)
     ref = gpu_target.generate(prompt, do_sample=False, max_new_tokens=16)
     out = gpu_target.generate(prompt, do_sample=False, max_new_tokens=16, assistant_model=gpu_drafters["perturbed"],
-                              tree_policy="c2t", c2t_classifier=C2TClassifier(), c2t_threshold=0.01)
-    assert torch.equal(out, ref)
+                              tree_policy="c2t", c2t_classifier=confident_classifier(), return_dict_in_generate=True)
+    assert_drafted(out)
+    assert torch.equal(out.sequences, ref)
     torch.manual_seed(0)
     selector = DelaySelector(DelaySelectorConfig(actions=[[1, 2, 2], [2, 1, 2]],
                                                  hidden_inputs={"target_hidden": 32}, shared_dim=8)).eval()
     out = gpu_target.generate(prompt, do_sample=False, max_new_tokens=16, assistant_model=gpu_drafters["perturbed"],
-                              tree_policy="nde", tree_selector=selector)
-    assert torch.equal(out, ref)
+                              tree_policy="nde", tree_selector=selector, return_dict_in_generate=True)
+    assert_drafted(out)
+    assert torch.equal(out.sequences, ref)
 
 
+@pytest.mark.auto_budget
 def test_auto_budget_calibrates_on_the_gpu(gpu_target, gpu_drafters, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_TREESPEC_CACHE", str(tmp_path))
     ids, mask = left_padded()
@@ -180,7 +195,7 @@ def test_syncs_per_step_on_the_device(gpu_target, gpu_drafters):
 
     drafter = gpu_drafters["feature"]
     prompt = torch.tensor([PROMPTS[0]], device=CUDA)
-    kwargs = dict(do_sample=False, max_new_tokens=24, assistant_model=drafter, tree_policy="salf")
+    kwargs = dict(do_sample=False, max_new_tokens=24, assistant_model=drafter, tree_policy="salf", tree_budget=60)
     if CUDA.type != "cuda":
         with torch.no_grad(), SyncCounter(gpu_target, drafter) as counter:
             counter.mark(prompt)

@@ -66,7 +66,7 @@ def workspace(tmp_path_factory) -> Path:
     target.save_pretrained(root / "target")
     tokenizer.save_pretrained(root / "target")
     prepare = PrepareConfig(chunk_size=8, storage_dtype="float32", tree_policy="eagle2", tree_positions=3,
-                            tree_params={"tree_topk": 4, "tree_depth": 3})
+                            tree_params={"tree_topk": 4, "tree_depth": 3, "tree_budget": 60})
     prepare_dataset(target, tokenizer, conversations(8), root / "data", prepare, progress=False)
     data = load_prepared(root / "data")
     assert len(data.dataset) == 8

@@ -17,6 +17,7 @@ from hf_treespec.policies.base import Draft, LogprobsRequest, TreePolicy
 from hf_treespec.step_context import StepContext
 from hf_treespec.tree import DraftTree
 
+from conftest import assert_drafted
 from test_batched_generate import PAD, left_padded
 
 PREFIXES = [[3, 17, 42, 8, 8, 21, 5], [5, 9, 33], [11, 40, 7, 7, 19]]
@@ -90,6 +91,7 @@ def test_draft_forwards_are_joined_into_rounds(target, drafters):
                               return_dict_in_generate=True)
     finally:
         handle.remove()
+    assert_drafted(out)
     steps = max(len(lengths) for lengths in out.row_accepted_lengths)
     per_row = sum(len(lengths) for lengths in out.row_accepted_lengths)
     assert len(calls) == out.draft_forwards <= 4 * steps < 4 * per_row
@@ -98,12 +100,14 @@ def test_draft_forwards_are_joined_into_rounds(target, drafters):
 def test_seeded_sampled_batch_reproduces(target, drafters):
     ids, mask = left_padded()
     kwargs = dict(attention_mask=mask, do_sample=True, max_new_tokens=16, pad_token_id=PAD, temperature=1.0,
-                  assistant_model=drafters["perturbed"], tree_policy="dyspec", verifier="swor", tree_budget=8)
+                  assistant_model=drafters["perturbed"], tree_policy="dyspec", verifier="swor", tree_budget=8,
+                  return_dict_in_generate=True)
     runs = []
     for _ in range(2):
         torch.manual_seed(11)
         runs.append(target.generate(ids, **kwargs))
-    assert torch.equal(runs[0], runs[1])
+    assert_drafted(runs[0], accepting=False)
+    assert torch.equal(runs[0].sequences, runs[1].sequences)
 
 
 class ScriptedPolicy(TreePolicy):
@@ -198,6 +202,7 @@ def test_the_documented_policy_drafts_one_sequence_and_a_batch(target, drafters)
                               return_dict_in_generate=True)
     finally:
         POLICIES.unregister("two_paths")
+    assert_drafted(out)
     steps = max(len(lengths) for lengths in out.row_accepted_lengths)
     assert torch.equal(out.sequences, plain) and set(out.tree_sizes) == {4} and out.draft_forwards == 2 * steps
 

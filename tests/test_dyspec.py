@@ -17,6 +17,8 @@ from hf_treespec.generation.components import resolve
 from hf_treespec.policies import POLICIES
 from hf_treespec.tree import DraftTree, Regime
 
+from conftest import assert_drafted
+
 VOCAB = 6
 ROOT = 5
 
@@ -198,6 +200,7 @@ def test_greedy_generate_is_plain_greedy(target, drafters, prompt, params):
     ref = target.generate(prompt, do_sample=False, max_new_tokens=24)
     out = target.generate(prompt, do_sample=False, max_new_tokens=24, assistant_model=drafters["perturbed"],
                           tree_policy="dyspec", return_dict_in_generate=True, **params)
+    assert_drafted(out)
     assert torch.equal(out.sequences, ref)
     assert max(out.tree_sizes) <= params["tree_budget"]
 
@@ -222,11 +225,16 @@ def test_monte_carlo_through_generate(target, drafters):
     torch.manual_seed(0)
     runs = 400
     counts: dict[tuple[int, int], int] = {}
+    outs = []
     for _ in range(runs):
-        out = target.generate(prompt, max_new_tokens=2, assistant_model=drafters["random"], tree_policy="dyspec",
-                              tree_budget=6, **kwargs)
-        key = tuple(out[0, -2:].tolist())
+        out = target.generate(prompt, max_new_tokens=2, assistant_model=drafters["perturbed"], tree_policy="dyspec",
+                              tree_budget=6, return_dict_in_generate=True, **kwargs)
+        outs.append(out)
+        key = tuple(out.sequences[0, -2:].tolist())
         counts[key] = counts.get(key, 0) + 1
+    # the second token comes from the tree step (an accepted draft or the verifier's own draw), but max_new_tokens
+    # cuts every step's chunk to that one token: accepted lengths cannot show an acceptance here
+    assert_drafted(outs, accepting=False)
     assert set(counts) <= set(want)
     cells = [k for k in want if want[k] * runs >= 5]
     stat = sum((counts.get(k, 0) - want[k] * runs) ** 2 / (want[k] * runs) for k in cells)

@@ -24,7 +24,7 @@ from hf_treespec.drafters import (
 )
 from hf_treespec.drafters.eagle_io import EAGLE3_ARCHITECTURE, eagle3_default_target_layers, eagle_version
 
-from conftest import VOCAB
+from conftest import VOCAB, assert_drafted
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, EPS, THETA = 32, 4, 2, 8, 64, 1e-6, 10000.0
 DRAFT_VOCAB = 40
@@ -388,5 +388,6 @@ def test_imported_eagle3_head_drafts_losslessly(target, prompt):
     drafter = from_eagle(config=config, state_dict=sd, target_model=target, target_layers=[0, 1, 2]).eval()
     ref = target.generate(prompt, do_sample=False, max_new_tokens=16)
     out = target.generate(prompt, do_sample=False, max_new_tokens=16, assistant_model=drafter, tree_policy="salf",
-                          tree_budget=12)
-    assert torch.equal(out, ref)
+                          tree_budget=12, return_dict_in_generate=True)
+    assert_drafted(out, accepting=False)  # a random EAGLE-3 head
+    assert torch.equal(out.sequences, ref)

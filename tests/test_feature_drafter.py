@@ -23,15 +23,15 @@ from hf_treespec.features import capture_hidden_states
 from hf_treespec.model_card import make_card, template_path
 from hf_treespec.tree import DraftTree
 
-from conftest import VOCAB
+from conftest import VOCAB, assert_drafted, fixed_budget
 
 POLICIES = ["chain", "eagle2", "optimal", "salf"]
 
 
 
 # small trees keep the end-to-end tests fast; the policies' defaults are tested elsewhere
-SMALL_TREES = {"chain": dict(tree_depth=4), "eagle2": dict(tree_budget=16, tree_depth=4, tree_topk=4),
-               "optimal": dict(tree_budget=16), "salf": dict(tree_budget=16)}
+SMALL_TREES = {"chain": dict(tree_depth=4), "eagle2": dict(tree_depth=4, tree_topk=4), "optimal": {}, "salf": {}}
+SMALL_BUDGET = 16  # nodes of the policies sized by tree_budget (pinned at each call: ``fixed_budget(policy, 16)``)
 
 
 def make_drafter(target, seed: int = 0, **overrides) -> TreeSpecDrafterModel:
@@ -397,8 +397,9 @@ def test_greedy_identity_random_drafter(target, prompt, policy):
     drafter.set_draft_vocab(permuted_vocab(40))
     ref = target.generate(prompt, do_sample=False, max_new_tokens=20)
     out = target.generate(prompt, do_sample=False, max_new_tokens=20, assistant_model=drafter, tree_policy=policy,
-                          **SMALL_TREES[policy])
-    assert torch.equal(out, ref)
+                          return_dict_in_generate=True, **fixed_budget(policy, SMALL_BUDGET), **SMALL_TREES[policy])
+    assert_drafted(out, accepting=False)  # a random drafter
+    assert torch.equal(out.sequences, ref)
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -406,7 +407,9 @@ def test_greedy_identity_and_acceptance_trained_drafter(target, trained_drafter,
     prompt = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(99))
     ref = target.generate(prompt, do_sample=False, max_new_tokens=24)
     out = target.generate(prompt, do_sample=False, max_new_tokens=24, assistant_model=trained_drafter,
-                          tree_policy=policy, return_dict_in_generate=True, **SMALL_TREES[policy])
+                          tree_policy=policy, return_dict_in_generate=True, **fixed_budget(policy, SMALL_BUDGET),
+                          **SMALL_TREES[policy])
+    assert_drafted(out)
     assert torch.equal(out.sequences, ref)
     tau = sum(out.accepted_lengths) / len(out.accepted_lengths)
     assert tau > 1.5, f"trained drafter accepted too little (tau={tau:.2f})"
@@ -417,8 +420,9 @@ def test_eagle3_mode_drafter_in_generate(target, prompt):
         target, embeddings=True)
     ref = target.generate(prompt, do_sample=False, max_new_tokens=16)
     out = target.generate(prompt, do_sample=False, max_new_tokens=16, assistant_model=drafter, tree_policy="eagle2",
-                          **SMALL_TREES["eagle2"])
-    assert torch.equal(out, ref)
+                          tree_budget=SMALL_BUDGET, return_dict_in_generate=True, **SMALL_TREES["eagle2"])
+    assert_drafted(out, accepting=False)  # a random drafter
+    assert torch.equal(out.sequences, ref)
 
 
 # ---------------------------------------------------------------------------------------------- model card

@@ -8,7 +8,7 @@ from hf_treespec.compat import CACHE_KWARG, output_cache
 from hf_treespec.drafters import as_drafter
 from hf_treespec.tree import DraftTree
 
-from conftest import fixed_budget
+from conftest import assert_drafted, fixed_budget
 
 POLICIES = ["chain", "eagle2", "optimal", "salf"]
 DRAFTERS = ["random", "copy", "perturbed", "truncated"]
@@ -20,8 +20,9 @@ def test_greedy_identity(target, drafters, prompt, policy, drafter_name):
     ref = target.generate(prompt, do_sample=False, max_new_tokens=30)
     out = target.generate(
         prompt, do_sample=False, max_new_tokens=30, assistant_model=drafters[drafter_name], tree_policy=policy,
-        return_dict_in_generate=True,
+        return_dict_in_generate=True, **fixed_budget(policy),
     )
+    assert_drafted(out, accepting=drafter_name != "random")
     assert torch.equal(out.sequences, ref)
     assert sum(out.accepted_lengths) + 1 == ref.shape[1] - prompt.shape[1]
 
@@ -29,6 +30,7 @@ def test_greedy_identity(target, drafters, prompt, policy, drafter_name):
 def test_copy_drafter_accepts_whole_chain(target, drafters, prompt):
     out = target.generate(prompt, do_sample=False, max_new_tokens=25, assistant_model=drafters["copy"],
                           tree_policy="chain", tree_depth=4, return_dict_in_generate=True)
+    assert_drafted(out)
     assert out.accepted_lengths[:-1] == [5] * (len(out.accepted_lengths) - 1)
 
 
@@ -40,6 +42,8 @@ def test_perturbed_drafter_accepts_non_top1_branches(target, drafters):
                           tree_policy="eagle2", tree_budget=30, return_dict_in_generate=True)
     chain = target.generate(ids, do_sample=False, max_new_tokens=60, assistant_model=drafters["perturbed"],
                             tree_policy="chain", tree_depth=7, return_dict_in_generate=True)
+    assert_drafted(out)
+    assert_drafted(chain)
     tau_tree = sum(out.accepted_lengths) / len(out.accepted_lengths)
     tau_chain = sum(chain.accepted_lengths) / len(chain.accepted_lengths)
     assert tau_tree > tau_chain
@@ -48,20 +52,26 @@ def test_perturbed_drafter_accepts_non_top1_branches(target, drafters):
 @pytest.mark.parametrize("policy", POLICIES)
 def test_eos_inside_accepted_chunk(target, drafters, prompt, policy):
     ref = target.generate(prompt, do_sample=False, max_new_tokens=30)
-    eos = int(ref[0, prompt.shape[1] + 9])  # a token plain generate emits: it must stop right there
+    gen = ref[0, prompt.shape[1] :].tolist()
+    at = next(i for i in range(8, len(gen)) if gen[i] not in gen[:i])  # a token plain generate first emits there
+    eos = gen[at]  # it must stop right there
     ref_eos = target.generate(prompt, do_sample=False, max_new_tokens=30, eos_token_id=eos)
     out = target.generate(prompt, do_sample=False, max_new_tokens=30, eos_token_id=eos,
-                          assistant_model=drafters["copy"], tree_policy=policy)
-    assert torch.equal(out, ref_eos)
-    assert int(out[0, -1]) == eos
+                          assistant_model=drafters["copy"], tree_policy=policy, return_dict_in_generate=True,
+                          **fixed_budget(policy))
+    assert_drafted(out)
+    assert torch.equal(out.sequences, ref_eos)
+    assert int(out.sequences[0, -1]) == eos and out.sequences.shape[1] == prompt.shape[1] + at + 1
 
 
 @pytest.mark.parametrize("max_new_tokens", [1, 2, 7, 13])
 def test_max_new_tokens_exact(target, drafters, prompt, max_new_tokens):
     ref = target.generate(prompt, do_sample=False, max_new_tokens=max_new_tokens)
-    out = target.generate(prompt, do_sample=False, max_new_tokens=max_new_tokens,
-                          assistant_model=drafters["copy"], tree_policy="salf")
-    assert torch.equal(out, ref)
+    out = target.generate(prompt, do_sample=False, max_new_tokens=max_new_tokens, return_dict_in_generate=True,
+                          assistant_model=drafters["copy"], tree_policy="salf", tree_budget=60)
+    if max_new_tokens > 1:  # the prefill emits the first token: a tree needs a second one to draft for
+        assert_drafted(out, accepting=max_new_tokens > 2)
+    assert torch.equal(out.sequences, ref)
 
 
 def test_repetition_penalty_and_no_repeat_ngram(target, drafters, prompt):
@@ -70,8 +80,10 @@ def test_repetition_penalty_and_no_repeat_ngram(target, drafters, prompt):
     for policy in POLICIES:
         if policy == "nde":  # needs a trained selector: test_nde.py covers it
             continue
-        out = target.generate(prompt, assistant_model=drafters["perturbed"], tree_policy=policy, **kwargs)
-        assert torch.equal(out, ref), policy
+        out = target.generate(prompt, assistant_model=drafters["perturbed"], tree_policy=policy,
+                              return_dict_in_generate=True, **fixed_budget(policy), **kwargs)
+        assert_drafted(out)
+        assert torch.equal(out.sequences, ref), policy
 
 
 def test_stop_strings(target, drafters, prompt, word_tokenizer):
@@ -79,7 +91,10 @@ def test_stop_strings(target, drafters, prompt, word_tokenizer):
     stop = word_tokenizer.decode(ref[0, prompt.shape[1] + 6 : prompt.shape[1] + 8])
     kwargs = dict(do_sample=False, max_new_tokens=30, stop_strings=[stop], tokenizer=word_tokenizer)
     ref_stop = target.generate(prompt, **kwargs)
-    out = target.generate(prompt, assistant_model=drafters["copy"], tree_policy="eagle2", **kwargs)
+    out = target.generate(prompt, assistant_model=drafters["copy"], tree_policy="eagle2", tree_budget=60,
+                          return_dict_in_generate=True, **kwargs)
+    assert_drafted(out)
+    out = out.sequences
     assert torch.equal(out, ref_stop)
     assert ref_stop.shape[1] < ref.shape[1]
 
@@ -92,7 +107,10 @@ def test_custom_stopping_criteria(target, drafters, prompt):
     crit = StoppingCriteriaList([StopAtLength()])
     ref = target.generate(prompt, do_sample=False, max_new_tokens=30, stopping_criteria=crit)
     out = target.generate(prompt, do_sample=False, max_new_tokens=30, stopping_criteria=crit,
-                          assistant_model=drafters["copy"], tree_policy="salf")
+                          assistant_model=drafters["copy"], tree_policy="salf", tree_budget=60,
+                          return_dict_in_generate=True)
+    assert_drafted(out)
+    out = out.sequences
     assert torch.equal(out, ref) and out.shape[1] == prompt.shape[1] + 11
 
 
@@ -100,7 +118,9 @@ def test_scores_and_logits_match_plain(target, drafters, prompt):
     kwargs = dict(do_sample=False, max_new_tokens=12, return_dict_in_generate=True, output_scores=True,
                   output_logits=True, repetition_penalty=1.2)
     ref = target.generate(prompt, **kwargs)
-    out = target.generate(prompt, assistant_model=drafters["perturbed"], tree_policy="eagle2", **kwargs)
+    out = target.generate(prompt, assistant_model=drafters["perturbed"], tree_policy="eagle2", tree_budget=60,
+                          **kwargs)
+    assert_drafted(out)
     assert torch.equal(out.sequences, ref.sequences)
     assert len(out.scores) == len(ref.scores) == 12
     for a, b in zip(out.scores, ref.scores):
@@ -112,10 +132,11 @@ def test_scores_and_logits_match_plain(target, drafters, prompt):
 def test_outputs_leave_inference_mode(target, drafters, prompt):
     """The loop runs under torch.inference_mode, but what it returns is ordinary: the sequences can be scored with
     gradients (an RL loop's next step), and generation continues from the returned cache."""
-    out = target.generate(prompt, assistant_model=drafters["perturbed"], tree_policy="eagle2", do_sample=False,
-                          max_new_tokens=8, return_dict_in_generate=True, output_scores=True)
+    out = target.generate(prompt, assistant_model=drafters["perturbed"], tree_policy="eagle2", tree_budget=20,
+                          do_sample=False, max_new_tokens=8, return_dict_in_generate=True, output_scores=True)
     assert not out.sequences.is_inference() and not any(s.is_inference() for s in out.scores)
-    ids = target.generate(prompt, assistant_model=drafters["perturbed"], tree_policy="salf", max_new_tokens=4)
+    ids = target.generate(prompt, assistant_model=drafters["perturbed"], tree_policy="salf", tree_budget=20,
+                          max_new_tokens=4)
     assert not ids.is_inference()
     with torch.enable_grad():
         loss = target(out.sequences).logits.logsumexp(-1).mean()
@@ -140,9 +161,12 @@ def test_streamer_receives_every_token(target, drafters, prompt, word_tokenizer)
 
     streamer = Collect()
     out = target.generate(prompt, do_sample=False, max_new_tokens=20, streamer=streamer,
-                          assistant_model=drafters["copy"], tree_policy="salf")
+                          assistant_model=drafters["copy"], tree_policy="salf", tree_budget=60,
+                          return_dict_in_generate=True)
+    assert_drafted(out)
     streamed = [t for chunk in streamer.chunks for t in chunk]
-    assert streamed == out[0].tolist() and streamer.ended
+    assert streamed == out.sequences[0].tolist() and streamer.ended
+    assert max(len(chunk) for chunk in streamer.chunks[1:]) > 1  # accepted chunks stream whole
 
 
 def test_without_tree_policy_generate_is_stock(target, drafters, prompt):
@@ -171,6 +195,7 @@ def test_tree_kwargs_from_model_generation_config(target, drafters, prompt):
     ref = target.generate(prompt, do_sample=False, max_new_tokens=15)
     out = model.generate(prompt, do_sample=False, max_new_tokens=15, assistant_model=drafters["copy"],
                          return_dict_in_generate=True)
+    assert_drafted(out)
     assert torch.equal(out.sequences, ref) and max(out.tree_sizes) <= 10
 
 
@@ -236,5 +261,5 @@ def test_prompt_lookup_drafter_proposes_continuations_and_stays_exact(target):
             continue
         out = target.generate(ids, do_sample=False, max_new_tokens=40, assistant_model=prompt_lookup(target),
                               tree_policy=policy, return_dict_in_generate=True, **fixed_budget(policy))
+        assert_drafted(out)  # the tiny model repeats itself: lookup drafts get accepted
         assert torch.equal(out.sequences, ref), policy
-    assert max(out.accepted_lengths) > 1  # the tiny model repeats itself: lookup drafts get accepted

@@ -10,7 +10,7 @@ import pytest
 import torch
 from scipy.stats import chi2
 
-from conftest import fixed_budget
+from conftest import assert_drafted, fixed_budget
 
 PROMPT = torch.tensor([[3, 17, 42, 8, 8, 21]])
 WARP = dict(do_sample=True, temperature=1.2, top_k=3)
@@ -55,9 +55,46 @@ def test_three_token_law_is_preserved(target, drafters, policy, verifier):
     n = 600
     torch.manual_seed(0)
     counts: dict = {}
+    outs = []
     for _ in range(n):
         out = target.generate(PROMPT, max_new_tokens=3, assistant_model=drafters["perturbed"], tree_policy=policy,
-                              verifier=verifier, tree_depth=3, **WARP, **fixed_budget(policy))  # trees every step
-        cell = tuple(out[0, -3:].tolist())
+                              verifier=verifier, tree_depth=3, return_dict_in_generate=True, **WARP,
+                              **fixed_budget(policy))  # trees every step
+        outs.append(out)
+        cell = tuple(out.sequences[0, -3:].tolist())
         counts[cell] = counts.get(cell, 0) + 1
+    assert_drafted(outs)
+    assert all(out.drafted_steps == len(out.tree_sizes) for out in outs), "every step drafts a tree"
+    assert chi_square_pvalue(counts, law, n) > 1e-3
+
+
+def sharpened(model, factor: float = 3.0):
+    """A drafter that is ``model`` with its LM head scaled by ``factor``: sharper than the target, it puts more mass
+    than the target on the target's favourite tokens, so the tokens it drafts have p/q well below 1."""
+    import copy
+
+    drafter = copy.deepcopy(model)
+    with torch.no_grad():
+        drafter.lm_head.weight.mul_(factor)
+    return drafter
+
+
+def test_a_sharper_drafter_holds_the_acceptance_ratio_to_account(target):
+    """The laws above draft with a perturbed copy of the target (p/q near 1 at its drafts), where an acceptance
+    rule that is slightly off barely moves the law: accepting with min(1, 1.2 p/q) passes them. A drafter sharper
+    than the target drafts tokens with p/q well below 1, where that bias moves the law of the tree step's tokens by
+    several points: this law fails under it (p ~ 3e-5 at n = 600), a correct rule passes (p ~ 0.9)."""
+    law = exact_law(target)
+    drafter = sharpened(target)
+    n = 600
+    torch.manual_seed(0)
+    counts: dict = {}
+    outs = []
+    for _ in range(n):
+        out = target.generate(PROMPT, max_new_tokens=3, assistant_model=drafter, tree_policy="iid", tree_paths=2,
+                              tree_depth=2, verifier="specinfer", return_dict_in_generate=True, **WARP)
+        outs.append(out)
+        cell = tuple(out.sequences[0, -3:].tolist())
+        counts[cell] = counts.get(cell, 0) + 1
+    assert_drafted(outs)
     assert chi_square_pvalue(counts, law, n) > 1e-3

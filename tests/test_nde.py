@@ -39,7 +39,7 @@ from hf_treespec.trainers.data.nde_stats import action_stats
 from hf_treespec.trainers.data.nde_trie import sample_trees, trie_tables
 from hf_treespec.verifiers import VERIFIERS
 
-from conftest import VOCAB, char_tokenizer  # VOCAB: conftest's tiny Llama
+from conftest import VOCAB, assert_drafted, char_tokenizer  # VOCAB: conftest's tiny Llama
 ACTIONS = action_space((1, 2, 3), (0, 1, 2), (1, 2))
 
 
@@ -214,6 +214,7 @@ def test_paper_features_reach_the_selector(target, drafters, prompt, monkeypatch
     selector = paper_selector(ACTIONS, ACTIONS.index(Action(2, 1, 2)))
     out = target.generate(prompt, do_sample=False, max_new_tokens=16, assistant_model=drafter, tree_policy="nde",
                           tree_selector=selector, return_dict_in_generate=True)
+    assert_drafted(out, accepting=False)  # sampled paths: whether greedy accepts one in 15 steps is chance
     assert torch.equal(out.sequences, target.generate(prompt, do_sample=False, max_new_tokens=16))
     assert len(seen) == len(out.accepted_lengths) >= 3
     assert seen[0][3] is None  # no previous tree at the first root
@@ -249,8 +250,8 @@ def test_greedy_generate_is_plain_greedy(target, drafters, prompt, choice):
     out = target.generate(prompt, do_sample=False, max_new_tokens=24, assistant_model=drafters["perturbed"],
                           tree_policy="nde", tree_selector=fixed_selector(ACTIONS, choice),
                           return_dict_in_generate=True)
+    assert_drafted(out)
     assert torch.equal(out.sequences, ref)
-    assert max(out.accepted_lengths) > 1
     if choice is not None:
         assert all(size <= Action(3, 1, 2).max_nodes for size in out.tree_sizes) and max(out.tree_sizes) > 3
 
@@ -261,8 +262,10 @@ def test_selector_folder_survives_generation_config_save(target, drafters, promp
                      tree_selector=str(tmp_path / "sel")).save_pretrained(tmp_path / "gen")
     config = GenerationConfig.from_pretrained(tmp_path / "gen")
     assert config.tree_selector == str(tmp_path / "sel")
-    out = target.generate(prompt, generation_config=config, assistant_model=drafters["copy"])
-    assert torch.equal(out, target.generate(prompt, do_sample=False, max_new_tokens=16))
+    out = target.generate(prompt, generation_config=config, assistant_model=drafters["copy"],
+                          return_dict_in_generate=True)
+    assert_drafted(out)
+    assert torch.equal(out.sequences, target.generate(prompt, do_sample=False, max_new_tokens=16))
 
 
 def saved_drafter_with_selector(drafter, folder, selector: DelaySelector | None):
@@ -559,8 +562,9 @@ def test_cli_nde_data_then_train_then_generate(saved_target, target, drafters, p
                   "--batch-size", "4", "--output-dir", str(tmp / "sel"), "--shared-dim", "8")
     assert summary["steps"] == 3 and "eval_argmax_ratio" in summary["eval"]
     out = target.generate(prompt, do_sample=False, max_new_tokens=12, assistant_model=drafters["truncated"],
-                          tree_policy="nde", tree_selector=str(tmp / "sel"))
-    assert torch.equal(out, target.generate(prompt, do_sample=False, max_new_tokens=12))
+                          tree_policy="nde", tree_selector=str(tmp / "sel"), return_dict_in_generate=True)
+    assert_drafted(out, accepting=False)  # a selector trained for 3 steps picks the shapes
+    assert torch.equal(out.sequences, target.generate(prompt, do_sample=False, max_new_tokens=12))
 
     # several verifiers on the same tries; a paper-feature selector for one of them
     summary = run(*data_args[:-1], str(tmp / "multi"), "--verifier", "specinfer,spectr,khisti_priority")
@@ -578,5 +582,6 @@ def test_cli_nde_data_then_train_then_generate(saved_target, target, drafters, p
     assert loaded.config.feature_set == "paper" and loaded.config.verifier == "khisti_priority"
     assert set(DIVERGENCE_FEATURES) <= set(loaded.config.scalar_features)
     out = target.generate(prompt, do_sample=False, max_new_tokens=12, assistant_model=drafters["truncated"],
-                          tree_policy="nde", tree_selector=str(tmp / "sel-paper"))
-    assert torch.equal(out, target.generate(prompt, do_sample=False, max_new_tokens=12))
+                          tree_policy="nde", tree_selector=str(tmp / "sel-paper"), return_dict_in_generate=True)
+    assert_drafted(out, accepting=False)
+    assert torch.equal(out.sequences, target.generate(prompt, do_sample=False, max_new_tokens=12))

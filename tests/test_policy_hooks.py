@@ -8,6 +8,7 @@ import torch
 from hf_treespec.policies import POLICIES
 from hf_treespec.policies.chain import ChainPolicy
 
+from conftest import assert_drafted
 from test_batched_generate import PAD, left_padded
 
 
@@ -38,6 +39,7 @@ def test_single_sequence_hooks(target, drafters, prompt, recording_policy):
     ref = target.generate(prompt, do_sample=False, max_new_tokens=20)
     out = target.generate(prompt, do_sample=False, max_new_tokens=20, assistant_model=drafters["perturbed"],
                           tree_policy="recording_chain", tree_depth=3, return_dict_in_generate=True)
+    assert_drafted(out)
     assert torch.equal(out.sequences, ref)
     calls = recording_policy
     assert calls["setup"] == [1]
@@ -54,6 +56,7 @@ def test_batch_step_is_one_outcome(target, drafters, recording_policy):
     out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=12, pad_token_id=PAD,
                           assistant_model=drafters["perturbed"], tree_policy="recording_chain", tree_depth=3,
                           return_dict_in_generate=True)
+    assert_drafted(out)
     calls = recording_policy
     assert calls["setup"] == [3]
     outcomes = calls["observe"]
@@ -61,6 +64,7 @@ def test_batch_step_is_one_outcome(target, drafters, recording_policy):
     assert len(outcomes[0].trees) == 3 and outcomes[0].tokens == sum(int(p.numel()) for p in outcomes[0].accepted)
 
 
+@pytest.mark.auto_budget
 def test_sizing_decides_which_steps_draft(target, drafters, prompt, monkeypatch, recording_policy):
     """With ``tree_budget="auto"`` the loop's `TreeSizing` decides per step: where ``may_draft`` says no, no policy
     runs (a plain step, no drafter forward); where it says yes, each row grows with its own step budget."""
@@ -76,6 +80,7 @@ def test_sizing_decides_which_steps_draft(target, drafters, prompt, monkeypatch,
     ref = target.generate(prompt, do_sample=False, max_new_tokens=20)
     out = target.generate(prompt, do_sample=False, max_new_tokens=20, assistant_model=drafters["perturbed"],
                           tree_policy="salf", tree_budget="auto", return_dict_in_generate=True)
+    assert_drafted(out)
     assert torch.equal(out.sequences, ref)
     lengths = prompt.shape[1] + 1 + torch.tensor([0, *out.accepted_lengths[:-1]]).cumsum(0)  # context per step
     drafted = [size > 0 for size in out.tree_sizes]

@@ -17,6 +17,8 @@ from hf_treespec.randomness import multinomial_counts, without_replacement
 from hf_treespec.tree import DraftTree, Regime
 from hf_treespec.verifiers import VERIFIERS
 
+from conftest import assert_drafted, fixed_budget
+
 VOCAB = 6
 
 
@@ -261,14 +263,15 @@ def test_generate_samples(tiny, policy, params, verifier):
     torch.manual_seed(0)
     out = model.generate(prompt, do_sample=True, temperature=0.9, top_k=20, max_new_tokens=12,
                          assistant_model=drafter, tree_policy=policy, verifier=verifier, return_dict_in_generate=True,
-                         **params)
+                         **fixed_budget(policy), **params)
     assert out.sequences.shape == (1, prompt.shape[1] + 12)
     assert torch.equal(out.sequences[:, : prompt.shape[1]], prompt)
     assert sum(out.accepted_lengths) + 1 == 12 and len(out.tree_sizes) == len(out.accepted_lengths)
-    assert max(out.tree_sizes) >= 1
+    assert_drafted(out, accepting=params is SMALL[policy])  # one sampled chain may go 11 steps without an acceptance
     torch.manual_seed(0)  # seeded sampling reproduces the same tokens
     again = model.generate(prompt, do_sample=True, temperature=0.9, top_k=20, max_new_tokens=12,
-                           assistant_model=drafter, tree_policy=policy, verifier=verifier, **params)
+                           assistant_model=drafter, tree_policy=policy, verifier=verifier, **fixed_budget(policy),
+                           **params)
     assert torch.equal(again, out.sequences)
 
 
@@ -277,7 +280,9 @@ def test_greedy_generate_is_plain_greedy(tiny, policy):
     model, drafter = tiny
     prompt = torch.tensor([[5, 9, 33, 2, 60, 11, 4]])
     ref = model.generate(prompt, do_sample=False, max_new_tokens=20)
+    torch.manual_seed(0)  # the shapes are sampled even when greedy
     out = model.generate(prompt, do_sample=False, max_new_tokens=20, assistant_model=drafter, tree_policy=policy,
-                         return_dict_in_generate=True, **SMALL[policy])
+                         return_dict_in_generate=True, **fixed_budget(policy), **SMALL[policy])
+    assert_drafted(out)
     assert torch.equal(out.sequences, ref)
     assert sum(out.accepted_lengths) + 1 == 20

@@ -14,6 +14,8 @@ from hf_treespec.policies import POLICIES
 from hf_treespec.policies.static import check_shape, choose_shape, expected_accepted, sequoia_shape
 from hf_treespec.tree import DraftTree
 
+from conftest import assert_drafted
+
 
 def path_of(tree: DraftTree, node: int) -> tuple[int, ...]:
     return tuple(tree.paths()[node, 1 : int(tree.depth[node]) + 1].tolist())
@@ -110,8 +112,9 @@ def test_greedy_generate_is_plain_greedy(target, drafters, prompt):
     ref = target.generate(prompt, do_sample=False, max_new_tokens=20)
     for params in ({"tree_shape": [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]}, {"tree_budget": 12}, {}):
         out = target.generate(prompt, do_sample=False, max_new_tokens=20, assistant_model=drafters["perturbed"],
-                              tree_policy="static", **params)
-        assert torch.equal(out, ref)
+                              tree_policy="static", return_dict_in_generate=True, **params)
+        assert_drafted(out)
+        assert torch.equal(out.sequences, ref), params
 
 
 def test_sampling_fills_the_shape_without_replacement_and_verifies_with_swor(target, drafters, prompt):
@@ -129,6 +132,7 @@ def test_sampling_fills_the_shape_without_replacement_and_verifies_with_swor(tar
     out = target.generate(prompt, do_sample=True, max_new_tokens=10, assistant_model=drafters["perturbed"],
                           tree_policy="static", return_dict_in_generate=True)
     assert out.sequences.shape[1] == prompt.shape[1] + 10
+    assert_drafted(out)
     assert max(out.tree_sizes) > 1
 
 

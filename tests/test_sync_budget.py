@@ -44,7 +44,6 @@ def count_steps(target, drafter, ids, mask=None, **kwargs):
 
 def run_counted(target, drafter, ids, mask=None, **kwargs) -> SyncCounter:
     mask = torch.ones_like(ids) if mask is None else mask
-    kwargs = {**fixed_budget(kwargs["tree_policy"]), **kwargs}  # the budgets were measured on fixed 60-node trees
     with torch.no_grad(), SyncCounter(target, drafter) as counter:
         counter.mark(ids, mask)
         target.generate(ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=24, pad_token_id=0,
@@ -60,7 +59,9 @@ def mode_kwargs(mode):
 @pytest.mark.parametrize("policy,mode", sorted(BUDGET))
 def test_syncs_per_step_within_budget(target, feature_drafter, prompt, policy, mode):
     torch.manual_seed(0)
-    steps = count_steps(target, feature_drafter, prompt, tree_policy=policy, **mode_kwargs(mode))
+    # the budgets were measured on fixed 60-node trees
+    steps = count_steps(target, feature_drafter, prompt, tree_policy=policy, **fixed_budget(policy),
+                        **mode_kwargs(mode))
     worst = max(step.syncs for step in steps)
     assert worst <= BUDGET[policy, mode], (
         f"{policy} / {mode}: a step costs {worst} syncs, over the budget of {BUDGET[policy, mode]}; transfers of the "
@@ -72,14 +73,15 @@ def test_batch_syncs_per_step_within_budget(target, feature_drafter):
     ids = torch.randint(1, 64, (4, 10))
     mask = torch.ones_like(ids)
     mask[1, :3] = mask[3, :5] = 0  # left padding
-    steps = count_steps(target, feature_drafter, ids, mask, tree_policy="salf", do_sample=False)
+    steps = count_steps(target, feature_drafter, ids, mask, tree_policy="salf", tree_budget=60,
+                        do_sample=False)
     assert max(step.syncs for step in steps) <= BATCH_BUDGET
 
 
 def test_a_planted_read_is_counted(target, feature_drafter, prompt):
     """An ``.item()`` on the drafter's output after every draft forward: one more read per draft forward, and more
     syncs in the worst step. Without this the budget tests could pass with a blind counter."""
-    clean = run_counted(target, feature_drafter, prompt, tree_policy="salf", do_sample=False)
+    clean = run_counted(target, feature_drafter, prompt, tree_policy="salf", tree_budget=60, do_sample=False)
     forwards = []
 
     def read_one_logit(module, args, out):  # returns None: the output is left as it is
@@ -88,7 +90,7 @@ def test_a_planted_read_is_counted(target, feature_drafter, prompt):
     planted = [feature_drafter.register_forward_hook(read_one_logit),
                feature_drafter.register_forward_pre_hook(lambda module, args: forwards.append(1))]
     try:
-        dirty = run_counted(target, feature_drafter, prompt, tree_policy="salf", do_sample=False)
+        dirty = run_counted(target, feature_drafter, prompt, tree_policy="salf", tree_budget=60, do_sample=False)
     finally:
         for hook in planted:
             hook.remove()

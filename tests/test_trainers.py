@@ -108,7 +108,7 @@ def make_drafter(target, draft_vocab: torch.Tensor | None = None, seed: int = 0)
     return drafter.tie_to_target(target)
 
 
-TREES = dict(tree_policy="eagle2", tree_params={"tree_topk": 4, "tree_depth": 3})
+TREES = dict(tree_policy="eagle2", tree_params={"tree_topk": 4, "tree_depth": 3, "tree_budget": 60})
 
 
 @pytest.fixture(scope="module")

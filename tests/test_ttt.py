@@ -12,13 +12,12 @@ from transformers import AutoModel
 
 import hf_treespec
 from hf_treespec.policies import POLICIES, DelaySelector, DelaySelectorConfig
-from hf_treespec.policies.c2t import C2TClassifier
 from hf_treespec.policies.nde import action_space
 from hf_treespec.trainers import TALFCollator, TTTCollator, TreeLevels, load_prepared, prepare_dataset, unroll
 from hf_treespec.trainers.data.prepared import PrepareConfig
 from hf_treespec.trainers.objectives.ttt import infer_input_mode, merge_levels, resolve_target_layers
 
-from conftest import tiny_llama, train_cli
+from conftest import assert_drafted, confident_classifier, fixed_budget, tiny_llama, train_cli
 from test_trainers import TREES, conversations, make_drafter, target, tokenizer  # noqa: F401  (module fixtures)
 
 torch.set_num_threads(1)
@@ -100,9 +99,9 @@ def _selector(hidden: int) -> DelaySelector:
                                              hidden_inputs={"target_hidden": hidden}, shared_dim=8)).eval()
 
 
-SMALL_TREES = {"chain": dict(tree_depth=4), "eagle2": dict(tree_budget=16, tree_depth=4, tree_topk=4),
-               "optimal": dict(tree_budget=16), "salf": dict(tree_budget=16), "delayed": {}, "iid": {},
-               "swor": {}, "nde": {}}
+SMALL_TREES = {"chain": dict(tree_depth=4), "eagle2": dict(tree_depth=4, tree_topk=4), "optimal": {}, "salf": {},
+               "delayed": {}, "iid": {}, "swor": {}, "nde": {}}
+SMALL_BUDGET = 16  # nodes of the policies sized by tree_budget (pinned at each call: ``fixed_budget(policy, 16)``)
 
 
 def test_eagle3_ttt_drafter_round_trips_and_decodes_losslessly(tokenizer, tmp_path, capsys):  # noqa: F811
@@ -139,10 +138,13 @@ def test_eagle3_ttt_drafter_round_trips_and_decodes_losslessly(tokenizer, tmp_pa
     prompt = torch.randint(0, 64, (1, 10), generator=torch.Generator().manual_seed(4))
     ref = enabled.generate(prompt, do_sample=False, max_new_tokens=24)
     for policy in POLICIES:
-        extra = {"nde": dict(tree_selector=_selector(32)), "c2t": dict(c2t_classifier=C2TClassifier())}.get(policy, {})
+        extra = {"nde": dict(tree_selector=_selector(32)),
+                 "c2t": dict(c2t_classifier=confident_classifier())}.get(policy, {})
         out = enabled.generate(prompt, do_sample=False, max_new_tokens=24, assistant_model=drafter,
-                               tree_policy=policy, **SMALL_TREES.get(policy, {}), **extra)
-        assert torch.equal(out, ref), policy
+                               tree_policy=policy, return_dict_in_generate=True, **fixed_budget(policy, SMALL_BUDGET),
+                               **SMALL_TREES.get(policy, {}), **extra)
+        assert_drafted(out, accepting=False)  # three training steps: acceptance is not the point here
+        assert torch.equal(out.sequences, ref), policy
 
 
 def test_steps_decay_as_eagle3_weighs_them():

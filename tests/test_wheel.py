@@ -37,6 +37,7 @@ SCRIPT = textwrap.dedent("""
     tree = hf_treespec.enable(model).generate(**inputs, assistant_model=drafter, tree_policy="salf", tree_budget=8,
                                               do_sample=False, max_new_tokens=16, return_dict_in_generate=True)
     assert tree.sequences.tolist() == plain.tolist(), (tree.sequences, plain)
+    assert tree.drafted_steps > 0 and max(tree.accepted_lengths) > 1, "trees were drafted and accepted"
     print("wheel ok", here.parent, sum(tree.accepted_lengths) / len(tree.accepted_lengths))
 """)
 
