@@ -373,3 +373,31 @@ def test_training_trees_over_a_sliding_window_target_are_refused_by_name(models)
     target, _ = models("mistral")
     with pytest.raises(ValueError, match="sliding-window attention .*--tree-policy none"):
         grow_target_trees(target, DynamicCache(config=target.config), [], policy=None)
+
+
+ABSOLUTE_POSITIONS = {  # learned position tables, some smaller than the default calibration's contexts
+    "gpt2": lambda: tf.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=256),
+    "gpt2_short": lambda: tf.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=48),
+    "opt": lambda: tf.OPTConfig(hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4,
+                                word_embed_proj_dim=32),
+    "opt_short": lambda: tf.OPTConfig(hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4,
+                                      word_embed_proj_dim=32, max_position_embeddings=40),
+    "gpt_bigcode_short": lambda: tf.GPTBigCodeConfig(n_embd=32, n_layer=2, n_head=4, n_positions=40),
+}
+
+
+@pytest.mark.auto_budget
+@pytest.mark.parametrize("family", sorted(ABSOLUTE_POSITIONS))
+@pytest.mark.parametrize("policy", ["salf", "optimal", "eagle2"])
+def test_default_budget_on_absolute_position_models(family, policy, monkeypatch):
+    """The default budget ("auto") calibrates within the model's position limit (GPT-2's ``n_positions``, OPT's
+    ``max_position_embeddings``): no crash, and greedy output equal to plain generate, with a causal-LM drafter of
+    the same family."""
+    monkeypatch.setitem(FAMILIES, family, ABSOLUTE_POSITIONS[family])
+    target = hf_treespec.enable(tiny(family, seed=0))
+    drafter = perturbed_copy(target, scale=0.2)
+    ids = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(0))
+    plain = target.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False)
+    out = target.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, assistant_model=drafter,
+                          tree_policy=policy)
+    assert torch.equal(out, plain)
