@@ -42,8 +42,9 @@ class BenchOutput:
     quick: bool = field(default=False, metadata=option(
         "preset: plain generate, plain decoding through the compiled target (plain@compile=true), assisted_lookup, "
         "and tree:salf with tree_budget=auto, eager and compiled, and OpenVINO GenAI's greedy loop (openvino) where "
-        "the [openvino] extra is installed (its first run on a machine exports the target to an OpenVINO IR: a few "
-        "minutes to make the exporter's environment, then about a minute; cached); 5 questions, 64 new tokens, "
+        "the [openvino] extra is installed (its first run on a machine exports the target to an OpenVINO IR: about "
+        "4 minutes for SmolLM2-135M on 2 cores, most of it making optimum-intel's environment, then ~30 s per "
+        "model; cached); 5 questions, 64 new tokens, "
         "1 repeat, and the eager and compiled cost curves (options given win)"))
     batch_size: list[int] | None = field(default=None, metadata=option(
         "batched generate instead: total tokens/s of plain and tree methods on left-padded batches of these sizes "

@@ -238,3 +238,12 @@ def test_tiny_llama_exported_and_run_by_llm_pipeline_matches_plain_greedy(tmp_pa
     assert records[("openvino", 1)].tokens == records[("plain", 1)].tokens
     assert records[("plain", 1)].new_tokens <= 6 and all(r.identical for r in result.records if r.method != "plain")
     assert "cached" in result.settings["method_setup"]["openvino"]
+    # a model with no checkpoint folder (built in memory, bf16 weights): exported from an fp32 copy of its weights
+    model = hf_treespec.enable(tiny_llama(seed=3).to(torch.bfloat16))
+    assert ov_peer.weights_source(model)[0] is None
+    result = run_benchmark(config(questions_file, methods=["openvino"], max_new_tokens=12, dtype="bf16"),
+                           model=model, tokenizer=tokenizer)
+    assert "in-memory model" in json.loads(next((tmp_path / "cache" / "openvino").glob(
+        f"LlamaForCausalLM-fp32-*/{ov_peer.PROVENANCE_FILE}")).read_text())["source"]
+    summary = {s.method: s for s in result.summaries()}["openvino"]
+    assert summary.compared == 2 and summary.identical + len(summary.divergences) == 2  # bf16: near-ties may flip

@@ -1,8 +1,9 @@
 """Benchmark methods: one ``generate`` call each, returning the new tokens and what the call cost.
 
-Every method runs through the *same* ``model.generate`` with ``return_dict_in_generate=True``, so the only thing that
-differs between them is how tokens are proposed and verified. Peers use transformers' own assisted generation;
-``tree:<policy>`` uses hf_treespec's tree speculation with the same drafter model as ``assisted_drafter``.
+Every method but ``openvino`` runs through the *same* ``model.generate`` with ``return_dict_in_generate=True``, so the
+only thing that differs between them is how tokens are proposed and verified. Peers use transformers' own assisted
+generation; ``tree:<policy>`` uses hf_treespec's tree speculation with the same drafter model as ``assisted_drafter``;
+``openvino`` is another engine on the same weights, prompt ids, threads and dtype: OpenVINO GenAI's greedy loop.
 Methods are looked up by name in `METHODS` (kinds) and built with :func:`build_method`. A name may carry generate
 kwargs of its own after ``@`` (``tree:iid@verifier=specinfer@tree_paths=4``), so one run can compare several settings
 of the same method against one plain baseline; the whole name is the variant's label.
