@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -197,8 +198,8 @@ def test_sampling_runs_without_identity(tiny, questions_file):
 
 def test_default_methods_include_every_policy():
     names = available_methods()
-    assert names[:3] == ["plain", "assisted_lookup", "assisted_drafter"]
-    assert {f"tree:{p}" for p in hf_treespec.list_policies()} == set(names[3:])
+    assert names[:4] == ["plain", "assisted_lookup", "assisted_drafter", "openvino"]  # the peers first
+    assert {f"tree:{p}" for p in hf_treespec.list_policies()} == set(names[4:])
 
 
 def test_plain_is_always_run_first_and_bad_options_fail_clearly(questions_file):
@@ -386,15 +387,16 @@ def test_oracle_drafter_is_the_whole_target_and_accepts_every_greedy_draft(tiny)
 
 
 @LOOKUP_WITHOUT_EOS
-def test_explicit_method_that_cannot_run_fails(tiny, questions_file):
+def test_explicit_method_that_cannot_run_fails(tiny, questions_file, monkeypatch):
     model, tokenizer, _ = tiny
+    monkeypatch.setitem(sys.modules, "openvino_genai", None)  # as without the [openvino] extra: no IR export here
     cfg = config(questions_file, methods=["plain", "tree:salf"], drafter=None)
     with pytest.raises(ValueError, match="needs a drafter"):
         run_benchmark(cfg, model=model, tokenizer=tokenizer)
     # with the default method list, drafter methods are skipped with the reason recorded instead
     result = run_benchmark(config(questions_file, drafter=None, max_new_tokens=4), model=model, tokenizer=tokenizer)
     assert result.methods == ["plain", "assisted_lookup"]
-    assert "tree:salf" in result.skipped and "assisted_drafter" in result.skipped
+    assert "tree:salf" in result.skipped and "assisted_drafter" in result.skipped and "openvino" in result.skipped
 
 
 def test_cli_parses_quick_preset_and_explicit_options():
@@ -406,8 +408,8 @@ def test_cli_parses_quick_preset_and_explicit_options():
     assert [(o.selector, o.key, o.value) for o in cfg.overrides] == [
         ("tree", "tree_budget", "auto"), ("salf", "salf_threshold", 0.3)]
     quick = bench_config(parser.parse_args(["bench", "--quick"]))
-    assert quick.methods == ["plain", "plain@compile=true", "assisted_lookup", "tree:salf",
-                             "tree:salf@compile=true"] and quick.cost_curve
+    assert [m for m in quick.methods if m != "openvino"] == [  # openvino: where its extra is installed
+        "plain", "plain@compile=true", "assisted_lookup", "tree:salf", "tree:salf@compile=true"] and quick.cost_curve
     variants = bench_config(parser.parse_args(["bench", "--methods", "tree:iid@tree_paths=2@tree_depth=3,tree:iid",
                                                "--set", "tree:iid@tree_paths=2.verifier=traversal"]))
     assert variants.methods == ["tree:iid@tree_paths=2@tree_depth=3", "tree:iid"]
@@ -532,8 +534,10 @@ def test_cli_quick_style_run_with_auto_budget_cost_curve_and_hardware(tiny, ques
 @pytest.mark.slow  # compiles the tiny target with inductor (max_autotune): the longest tiny-model test
 def test_cli_quick_run_adds_the_compiled_rows(tiny, questions_file, tmp_path, capsys, monkeypatch):
     """--quick as shipped: plain decoding and tree:salf through the compiled target, its own cost curve, and compiled
-    rows held to plain decoding through the same compiled forward (counted against eager too)."""
+    rows held to plain decoding through the same compiled forward (counted against eager too). Without the openvino
+    row (test_openvino_peer covers it): as where the [openvino] extra is not installed."""
     monkeypatch.setenv("HF_TREESPEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setitem(sys.modules, "openvino_genai", None)
     summary = quick_run(tiny, questions_file, tmp_path)
     assert "Compiled target cost curve" in capsys.readouterr().out
     assert (tmp_path / "quick" / "cost_curves.png").stat().st_size > 0  # eager and compiled curves in one plot

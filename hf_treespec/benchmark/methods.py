@@ -1,8 +1,9 @@
 """Benchmark methods: one ``generate`` call each, returning the new tokens and what the call cost.
 
-Every method runs through the *same* ``model.generate`` with ``return_dict_in_generate=True``, so the only thing that
-differs between them is how tokens are proposed and verified. Peers use transformers' own assisted generation;
-``tree:<policy>`` uses hf_treespec's tree speculation with the same drafter model as ``assisted_drafter``.
+Every method but ``openvino`` runs through the *same* ``model.generate`` with ``return_dict_in_generate=True``, so the
+only thing that differs between them is how tokens are proposed and verified. Peers use transformers' own assisted
+generation; ``tree:<policy>`` uses hf_treespec's tree speculation with the same drafter model as ``assisted_drafter``;
+``openvino`` is another engine on the same weights, prompt ids, threads and dtype: OpenVINO GenAI's greedy loop.
 Methods are looked up by name in `METHODS` (kinds) and built with :func:`build_method`. A name may carry generate
 kwargs of its own after ``@`` (``tree:iid@verifier=specinfer@tree_paths=4``), so one run can compare several settings
 of the same method against one plain baseline; the whole name is the variant's label.
@@ -34,7 +35,8 @@ TREE_PREFIX = "tree:"
 VARIANT_SEP = "@"
 #: the papers' policies first, in the order a reader compares them; any other registered policy follows
 PREFERRED_POLICY_ORDER = ("chain", "eagle2", "optimal", "salf")
-PEER_ORDER = ("plain", "assisted_lookup", "assisted_drafter")
+#: the peers: stock decoders of transformers, then other engines (OpenVINO GenAI's greedy loop)
+PEER_ORDER = ("plain", "assisted_lookup", "assisted_drafter", "openvino")
 #: a method setting (``tree:salf@drafter=runs/gto``) that runs that method with its own drafter (loaded like
 #: ``--drafter``) instead of the run's, so two drafters are compared against one plain baseline in one run
 DRAFTER_SETTING = "drafter"
@@ -71,6 +73,8 @@ class BenchMethod:
     """
 
     kind: ClassVar[str] = ""
+    #: what the method set up before timing (an engine's export and load), one line for the report; None: nothing
+    setup_note: str | None = None
     needs_drafter: ClassVar[bool] = False
     #: whether ``@compile=true`` applies (the target's steps through hf_treespec's compiled forward)
     compilable: ClassVar[bool] = False
@@ -229,6 +233,63 @@ class AssistedDrafter(BenchMethod):
             yield
         finally:
             drafter.generation_config = original
+
+
+@METHODS.register("openvino")
+class OpenVINOPipeline(BenchMethod):
+    """OpenVINO GenAI's ``LLMPipeline`` greedy loop on the CPU: the engine a CPU user would pick instead of
+    ``generate`` (the ``[openvino]`` extra). Same prompt token ids (chat template already applied), same threads,
+    the bench's dtype as the inference precision (the KV cache too), same length and EOS rule as ``generate``; its IR
+    is exported from the target's own weights once per machine (`hf_treespec.benchmark.openvino`). Greedy only.
+    Settings: ``openvino@kv_cache_precision=u8``, ``@attention_backend=SDPA``, ``@prefix_caching=true``,
+    ``@inference_precision=f32``. Its tau is n/a: the target module never runs."""
+
+    def __init__(self, name, overrides=None, sweep=None, variant=""):
+        super().__init__(name, overrides, sweep, variant)
+        self.pipeline = None
+        self._key: tuple | None = None
+
+    def accepts(self, key: str, value: Any = "auto") -> bool:
+        from .openvino import PIPELINE_SETTINGS
+
+        return key in PIPELINE_SETTINGS
+
+    def check(self, model, drafter):
+        from .openvino import pipeline_properties, require_genai
+
+        require_genai()
+        if model.device.type != "cpu":
+            raise ValueError(f"openvino runs on the CPU; the target is on {model.device}.")
+        pipeline_properties(model, 1, self.generate_overrides)  # refuses a malformed setting here
+
+    def load(self, model) -> None:
+        """The pipeline, loaded on the first (untimed warm-up) call, after exporting the IR when this machine has
+        none cached; loaded again only when the threads or the model change."""
+        from .openvino import describe_setup, ensure_ir, load_pipeline, pipeline_properties
+
+        properties = pipeline_properties(model, torch.get_num_threads(), self.generate_overrides)
+        key = (id(model), repr(properties))
+        if self.pipeline is not None and self._key == key:
+            return
+        ir = ensure_ir(model)
+        start = time.perf_counter()
+        self.pipeline = load_pipeline(ir.folder, properties)
+        self._key = key
+        self.setup_note = describe_setup(ir, properties, time.perf_counter() - start)
+
+    def run(self, model, input_ids, drafter, **generate_kwargs):
+        from .openvino import greedy_config, greedy_tokens
+
+        if generate_kwargs.get("do_sample"):
+            raise ValueError("openvino runs greedy decoding only (temperature 0): its sampler draws from a random "
+                             "stream of its own, so its sampled tokens could not be compared; leave it out of "
+                             "sampled runs.")
+        if input_ids.shape[0] != 1:
+            raise ValueError("openvino runs one prompt at a time.")
+        self.load(model)
+        config = greedy_config(self.pipeline, model, generate_kwargs)
+        tokens, seconds = greedy_tokens(self.pipeline, input_ids, config)
+        return RunOutput(tokens=tokens, seconds=seconds)
 
 
 class TreeMethod(BenchMethod):

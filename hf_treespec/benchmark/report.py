@@ -110,23 +110,26 @@ def markdown_report(result: BenchmarkResult, summaries: list[MethodSummary] | No
     lines = [
         _header(result.settings),
         "",
-        f"| method | tokens/s | speedup |{second} tau | draft / verify / other | nodes/step | identical | "
+        f"| method | tokens/s | ms/token | speedup |{second} tau | draft / verify / other | nodes/step | identical | "
         "max top-2 gap |",
-        "|---|---:|---:|" + ("---:|" if both else "") + "---:|---|---:|---|---:|",
+        "|---|---:|---:|---:|" + ("---:|" if both else "") + "---:|---|---:|---|---:|",
     ]
     for s in main:
         extra = f" {_fmt(s.speedup_compiled, '.2f', 'x')} |" if both else ""
         lines.append(
-            f"| {s.method} | {_fmt(s.tokens_per_s, '.1f')} | {_fmt(s.speedup, '.2f', 'x')} |{extra} {_fmt(s.tau)} | "
+            f"| {s.method} | {_fmt(s.tokens_per_s, '.1f')} | {_fmt(s.ms_per_token, '.1f')} | "
+            f"{_fmt(s.speedup, '.2f', 'x')} |{extra} {_fmt(s.tau)} | "
             f"{_split(s)} | {_fmt(s.mean_tree_size, '.1f')} | {_identity(s, greedy)} | {_max_gap(s)} |"
         )
     compiled_note = (" vs compiled plain = tokens/s over `plain@compile=true`'s (plain decoding through the same "
                      "compiled target forward; `@compile=true` rows run the target's steps compiled);" if both else "")
     lines += [
         "",
-        "tokens/s = new tokens / summed median wall time; speedup = tokens/s over plain `generate`'s in this run;"
+        "tokens/s = new tokens / summed median wall time; ms/token = its inverse; speedup = tokens/s over plain "
+        "`generate`'s in this run;"
         f"{compiled_note} "
-        "tau = new tokens per target forward (forward hook on the target, prefill = 1 forward); time split from "
+        "tau = new tokens per target forward (forward hook on the target, prefill = 1 forward; n/a for another "
+        "engine, which never runs the target module); time split from "
         "`TreeSpecGenerateOutput` (verify = target forward + verification; n/a for peers); identical = greedy "
         "outputs equal to plain decoding's token for token through the same forward (plain `generate`; for "
         "`@compile=true` rows, `plain@compile=true`, with the count against eager plain `generate` beside it); "
@@ -145,6 +148,9 @@ def markdown_report(result: BenchmarkResult, summaries: list[MethodSummary] | No
     if result.settings.get("compile_seconds"):
         spent = ", ".join(f"{name}: {seconds:.0f} s" for name, seconds in result.settings["compile_seconds"].items())
         lines += ["", f"Compilation of the target forward (before timing, once per process): {spent}."]
+    if result.settings.get("method_setup"):
+        lines += ["", "Set up before timing:"]
+        lines += [f"- {name}: {note}" for name, note in result.settings["method_setup"].items()]
     if result.skipped:
         lines += ["", "Skipped (cannot run in this setting):"]
         lines += [f"- {name}: {reason}" for name, reason in result.skipped.items()]

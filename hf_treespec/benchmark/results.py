@@ -84,6 +84,8 @@ class MethodSummary:
     speedup_compiled: float | None = None
     #: greedy, compiled methods: questions whose tokens also equal eager plain `generate`'s
     identical_eager: int | None = None
+    #: wall time per new token (1000 / tokens_per_s)
+    ms_per_token: float | None = None
 
 
 @dataclass
@@ -141,6 +143,7 @@ class BenchmarkResult:
             speedup_compiled=rate * compiled[1] / compiled[0] if compiled and compiled[0] else None,
             identical_eager=(sum(r.identical_eager for r in rows)
                              if rows and all(r.identical_eager is not None for r in rows) else None),
+            ms_per_token=1000 * seconds / tokens if tokens else None,
         )
 
 

@@ -268,6 +268,7 @@ def run_benchmark(
     settings["compile_settings"] = compiled.settings.describe() if compiled is not None else None
     settings["compile_seconds"] = dict(compiled.compile_seconds) if compiled is not None else None
     settings["compile_failure"] = compiled.failure if compiled is not None else None
+    settings["method_setup"] = {m.name: m.setup_note for m in methods if m.setup_note}
     return BenchmarkResult(
         settings=settings,
         methods=[m.name for m in methods],
