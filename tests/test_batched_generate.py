@@ -382,7 +382,7 @@ def test_speed_models_are_kept_per_drafter_object_and_die_with_it(target, monkey
     model.__dict__.pop("_treespec_speed_models", None)
     first = torch.nn.Linear(2, 2)
     speed = speed_model_for(model, first, ("k",))
-    speed.gain.add(3.0)
+    speed.steps.add(3, 0.01)
     assert speed_model_for(model, first, ("k",)) is speed
     store = model.__dict__["_treespec_speed_models"]["drafters"]
     del first, speed

@@ -117,27 +117,46 @@ class EMA:
         self.value = x if self.value is None else self.value + self.rate * (x - self.value)
 
 
+@dataclass(frozen=True)
+class GainEstimate:
+    """The gain of drafted steps over draft-free decoding (tokens per step), at one draft-free rate."""
+
+    count: float
+    mean: float
+    variance: float
+
+
 @dataclass
-class DecayedStats:
-    """Decayed count, sum and sum of squares of one per-step quantity: recent steps weigh most."""
+class DraftedSteps:
+    """Decayed sums over drafted steps of their tokens ``t`` and seconds ``s`` (and ``t^2``, ``s^2``, ``t s``). A
+    step's gain against draft-free decoding at rate ``r`` is ``t - r s``, so its mean and variance follow for any
+    ``r``: every decision judges all the evidence against the best current estimate of the draft-free rate, not
+    against whatever rate was assumed when each step ran (before the first draft-free step is measured, the cost
+    curve's one-row forward, which leaves out the loop's own per-step costs and so makes early drafted steps look
+    worse than they are)."""
 
     decay: float = STEP_DECAY
     count: float = 0.0
-    total: float = 0.0
-    squares: float = 0.0
+    tokens: float = 0.0
+    seconds: float = 0.0
+    tokens2: float = 0.0
+    seconds2: float = 0.0
+    cross: float = 0.0
 
-    def add(self, x: float) -> None:
-        self.count = self.decay * self.count + 1.0
-        self.total = self.decay * self.total + x
-        self.squares = self.decay * self.squares + x * x
+    def add(self, tokens: float, seconds: float) -> None:
+        d = self.decay
+        self.count = d * self.count + 1.0
+        self.tokens, self.seconds = d * self.tokens + tokens, d * self.seconds + seconds
+        self.tokens2, self.seconds2 = d * self.tokens2 + tokens * tokens, d * self.seconds2 + seconds * seconds
+        self.cross = d * self.cross + tokens * seconds
 
-    @property
-    def mean(self) -> float:
-        return self.total / self.count if self.count else 0.0
-
-    @property
-    def variance(self) -> float:
-        return max(self.squares / self.count - self.mean**2, 0.0) if self.count else 0.0
+    def gain(self, rate: float) -> GainEstimate:
+        if not self.count:
+            return GainEstimate(0.0, 0.0, 0.0)
+        n = self.count
+        mean = (self.tokens - rate * self.seconds) / n
+        square = (self.tokens2 - 2 * rate * self.cross + rate * rate * self.seconds2) / n
+        return GainEstimate(n, mean, max(square - mean * mean, 0.0))
 
 
 @dataclass
@@ -225,7 +244,9 @@ class SpeedModel:
         self._child = EMA()
         self.drafted = RateWindow()  # steps that ran the drafter (for inspection; the decision reads `gain`)
         self.plain = RateWindow()  # draft-free steps
-        self.gain = DecayedStats()
+        self.steps = DraftedSteps()  # drafted steps' tokens and seconds: their gain at any draft-free rate
+        self._context = 1  # the context of the latest step (the draft-free rate's prior reads the curve there)
+        self._off = False  # drafting switched off: only a probe switches it on again
         self.reprobe_every = reprobe_every
         self._base_reprobe = reprobe_every
         self._since_draft = 0
@@ -274,13 +295,19 @@ class SpeedModel:
         rate = self.plain.rate
         return rate if rate is not None else self.batch / self.curve(1, context)
 
+    @property
+    def gain(self) -> GainEstimate:
+        """The drafted steps' gain over draft-free decoding at today's estimate of its rate (`plain_rate`)."""
+        return self.steps.gain(self.plain_rate(self._context))
+
     def drafting_loses(self) -> bool:
         """Whether drafted steps have been slower than draft-free ones beyond noise: at least `MIN_EVIDENCE` of them
         and a mean gain below zero by more than `SKIP_CONFIDENCE` standard errors."""
-        if self.gain.count < MIN_EVIDENCE:
+        gain = self.gain
+        if gain.count < MIN_EVIDENCE:
             return False
-        spread = math.sqrt(max(self.gain.variance, GAIN_VARIANCE_FLOOR) / self.gain.count)
-        return self.gain.mean + SKIP_CONFIDENCE * spread < 0
+        spread = math.sqrt(max(gain.variance, GAIN_VARIANCE_FLOOR) / gain.count)
+        return gain.mean + SKIP_CONFIDENCE * spread < 0
 
     def predicted_probe_loss(self, context: int) -> float:
         """Seconds a probe is expected to lose when drafting does not pay: `PROBE_STEPS` steps that each draft one
@@ -301,9 +328,14 @@ class SpeedModel:
         estimates); ``"skip"`` (no drafter at all) while `drafting_loses`; else ``"size"``: the per-step cost rule
         decides from the first step, at every batch size (the curve prices the batch's own forwards; it may still
         draft nothing)."""
+        self._context = context
         if self._probing(context):
             return "probe"
+        if self._off:
+            return "skip"
         if self.drafting_loses():
+            # judged against a measured draft-free rate only: before any, one draft-free step measures it
+            self._off = self.plain.rate is not None
             return "skip"
         return "size"
 
@@ -317,6 +349,7 @@ class SpeedModel:
         the forward (the batch when None), ``draft_forwards`` the draft rounds (one forward per round, or one per
         row when the drafter does not batch rows), draft seconds and tokens summed over rows, so drafted and
         draft-free steps are compared at the batch's own throughput."""
+        self._context = context
         probing = bool(draft_forwards) and self._probing(context)  # the mode this step ran in, before any update
         if trees is None or trees == self.batch:  # a batch whose rows finished runs narrower forwards: not its curve
             self.curve.observe(rows, context, verify_seconds)
@@ -335,7 +368,7 @@ class SpeedModel:
         if total > 0:
             plain_rate = self.plain_rate(context)
             gain = tokens - plain_rate * total
-            self.gain.add(gain)
+            self.steps.add(tokens, total)
             self.drafted.add(tokens, total)
             if probing:
                 lost = max(-gain / plain_rate, 0.0)
@@ -344,6 +377,7 @@ class SpeedModel:
             self._probe_left = (PROBE_STEPS if self._probe_left == 0 else self._probe_left) - 1
             if self._probe_left:
                 return
+            self._off = self.drafting_loses()  # the probe's verdict, on all the evidence at the measured rate
         if self.gain.mean > 0:  # drafting pays on the evidence so far: probe soon again whenever it is switched off
             self.reprobe_every, self._probe_loss = self._base_reprobe, None
         elif probing:  # a probe that did not pay: wait twice as long for the next one
@@ -370,9 +404,9 @@ def forward_bytes(module: torch.nn.Module) -> int:
 
 def draft_cost_ratio(target: torch.nn.Module, drafter_model) -> float:
     """Prior seconds of one draft forward as a fraction of one target step: the drafter's `forward_bytes` over the
-    target's, floored at 2% (a drafter with no weights, prompt lookup, still runs host code every round)."""
+    target's, floored at 5% (a drafter with no weights, prompt lookup, still runs host code every round)."""
     target_bytes = max(forward_bytes(target), 1)
-    return max(forward_bytes(drafter_model) / target_bytes, 0.02)
+    return max(forward_bytes(drafter_model) / target_bytes, 0.05)
 
 
 def _store(model: torch.nn.Module) -> dict:
