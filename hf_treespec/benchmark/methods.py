@@ -192,8 +192,27 @@ class PromptLookup(BenchMethod):
 
     defaults: ClassVar[dict[str, Any]] = {"prompt_lookup_num_tokens": 10}
 
+    def check(self, model, drafter):
+        super().check(model, drafter)
+        if model.generation_config.eos_token_id is None and not _lookup_runs_without_eos():
+            raise ValueError(
+                "this transformers release's prompt lookup needs an end-of-sequence token (it crashes in "
+                "PromptLookupCandidateGenerator when eos_token_id is None); set model.generation_config.eos_token_id "
+                "or upgrade transformers."
+            )
+
     def method_kwargs(self, drafter):
         return dict(self.defaults)
+
+
+def _lookup_runs_without_eos() -> bool:
+    """Whether the installed transformers' prompt lookup guards a missing eos token (older 5.x releases call
+    ``torch.isin(..., None)``); read from its source, as no version number marks the fix."""
+    import inspect
+
+    from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
+
+    return "eos_token_id is not None" in inspect.getsource(PromptLookupCandidateGenerator.get_candidates)
 
 
 @METHODS.register("assisted_drafter")

@@ -215,10 +215,8 @@ class TreeDecodingLoop:
             processors = (self.logits_processor if len(group) == self.batch
                           else processors_for_rows(self.logits_processor, [row.index for row in rows]))
             processed = processors(ids, raw.clone() if self.want_logits else raw) if len(processors) else raw
-            if self.do_sample:
-                tokens = torch.tensor([self.verifier.target_choice(processed[i]) for i in range(len(group))])
-            else:
-                tokens = processed.max(-1).indices.cpu()  # plain generate's argmax (first maximum on ties)
+            # plain generate's argmax (first maximum on ties), or one vectorised draw per row when sampling
+            tokens = self.verifier.target_choices(processed).cpu()
             extended = torch.cat([ids, tokens[:, None].to(self.device)], dim=1)
             stopped = self.stopping_criteria(extended, None).cpu().tolist()
             for i, (slot, row) in enumerate(zip(group, rows)):

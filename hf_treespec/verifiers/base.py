@@ -65,6 +65,14 @@ class Verifier(ABC):
             return int(target_logits.max(-1).indices)
         return sample(target_probs(target_logits), generator)
 
+    def target_choices(self, target_logits: torch.Tensor) -> torch.Tensor:
+        """`target_choice` for ``[n, V]`` processed rows of root-only trees at once (a batch's draft-free rows): the
+        argmax at T=0, else one draw per row from its target distribution, as plain ``generate`` samples a batch
+        (one vectorised draw, not a softmax and a host read per row)."""
+        if not self.sampling:
+            return target_logits.max(-1).indices
+        return torch.multinomial(target_probs(target_logits), 1)[:, 0]
+
     # --------------------------------------------------------------------------------------------- compatibility
     @classmethod
     def check_compatible(cls, regime: str, *, is_chain: bool, do_sample: bool, policy: str = "") -> None:
