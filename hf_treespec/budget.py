@@ -36,7 +36,10 @@ def check_budget(value) -> None:
 class StepBudget(Protocol):
     """One step's size, for one tree: what an auto-sized policy asks while it grows.
 
-    * ``max_nodes``: the most draft nodes the tree may hold;
+    * ``max_nodes``: the most draft nodes the tree may hold; ``max_children``: the most children worth drafting per
+      expanded node;
+    * ``in_best_prefix(tree, nodes, members)``: bool over ``nodes``, those the kept tree would hold now (only they
+      are worth expanding);
     * ``expand_again(tree, expand, members)``: whether expanding the nodes ``expand`` (with ``members``, bool over
       nodes, the ones the tree would keep; all when None) is expected to pay; a True answer counts the expansion;
     * ``prune(tree)``: the kept tree (a prefix of nodes by draft score; the root alone when no draft pays);
@@ -45,6 +48,10 @@ class StepBudget(Protocol):
     """
 
     max_nodes: int
+    max_children: int
+
+    def in_best_prefix(self, tree: "DraftTree", nodes: "torch.Tensor",
+                       members: "torch.Tensor | None" = None) -> "torch.Tensor": ...
 
     def expand_again(self, tree: "DraftTree", expand: "torch.Tensor",
                      members: "torch.Tensor | None" = None) -> bool: ...

@@ -187,6 +187,37 @@ def test_stopping_rule_on_hand_made_tree():
     assert not sizer.worth_expanding(leaf, torch.tensor([1]))
 
 
+def test_auto_expands_only_nodes_the_kept_tree_holds():
+    # the chain (0.9, 0.81, 0.729) is kept, the two 0.01 siblings of the root are not: expanding them cannot pay
+    tree = hand_tree([0.9, 0.9, 0.9, 0.01, 0.01], [0, 1, 2, 0, 0])
+    speed = SpeedModel(CostCurve([1, 2, 3, 4, 5, 6], [256], [[0.010, 0.011, 0.012, 0.013, 0.014, 0.015]]))
+    speed.acceptance = FixedAcceptance()
+    sizer = TreeSizer(speed, 256)
+    sizer.t_draft, sizer.expansions = 0.0, 1
+    assert sizer.in_best_prefix(tree, torch.arange(6)).tolist() == [True, True, True, True, False, False]
+    # G's members only: the root's children outside G are never kept
+    members = torch.tensor([True, True, False, False, True, True])
+    assert sizer.in_best_prefix(tree, torch.tensor([1, 4]), members).tolist() == [True, False]
+
+
+class WideSource(DraftSource):
+    """Every node's children: 30 tokens of nearly equal probability (an unsure drafter)."""
+
+    def logprobs(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
+        probs = torch.full((nodes.numel(), VOCAB), 1e-6)
+        probs[:, :30] = torch.linspace(1.0, 0.9, 30)
+        return (probs / probs.sum(-1, keepdim=True)).log()
+
+
+@pytest.mark.parametrize("policy", ["salf", "optimal"])
+def test_auto_drafts_at_most_max_children_per_node(policy):
+    flat = SpeedModel(FLAT, draft_prior=0.001 / 0.05)
+    context = context_for(flat)
+    tree = auto_policy(POLICIES.get(policy), flat).build(WideSource(), 3, context=context)
+    children = torch.bincount(tree.parents[1:], minlength=tree.num_nodes)
+    assert tree.num_nodes > 1 and int(children.max()) <= context.budget.max_children < 30
+
+
 PLAIN_STEP = 0.04  # seconds of a draft-free step in the simulations below
 
 

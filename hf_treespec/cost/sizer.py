@@ -31,6 +31,10 @@ if TYPE_CHECKING:
 AUTO_MAX_NODES = 96
 #: expansions looked ahead when deciding whether to expand again
 LOOKAHEAD = 4
+#: children drafted per expanded node under "auto": a node's j-th most likely child has draft probability at most 1/j,
+#: and no measured cost curve let a row of acceptance 1/9 or less pay on its own; drafting the 96 a full tree could
+#: hold (the fixed policies' k = budget + 1) made every round's host bookkeeping several times a fixed tree's
+AUTO_MAX_CHILDREN = 8
 #: shapes (k paths or siblings, l levels) the sampled policies choose from under "auto" (bounded by their kwargs)
 SHAPE_KS = (1, 2, 3, 4, 6, 8)
 SHAPE_LS = (1, 2, 3, 4, 5, 6, 8)
@@ -44,16 +48,26 @@ class TreeSizer:
     context: int
     max_nodes: int = AUTO_MAX_NODES
     expansions: int = 0
+    max_children: int = AUTO_MAX_CHILDREN
+    #: the step's predicted costs per rows, when the loop already read them this step (`step_costs`)
+    costs: np.ndarray | None = None
+    mode: str | None = None
 
     def __post_init__(self) -> None:
-        self.mode = self.speed.step_mode(self.context)
+        if self.mode is None:
+            self.mode = self.speed.step_mode(self.context)
+
+    @staticmethod
+    def step_costs(speed: "SpeedModel", context: int, max_nodes: int = AUTO_MAX_NODES) -> np.ndarray:
+        """Predicted seconds of a step verifying 1 .. ``max_nodes + LOOKAHEAD + 2`` rows at ``context``."""
+        return speed.step_costs(max_nodes + LOOKAHEAD + 2, context).numpy()
 
     # read lazily: a step the speed model skips (no tree pays) never interpolates the cost curve. The per-step
     # arithmetic runs on numpy arrays of ~100 floats: torch's per-op overhead, ~40 ops a step, was ~1 ms of a 10-20
     # ms compiled step
     @cached_property
     def _costs(self) -> np.ndarray:
-        return self.speed.step_costs(self.max_nodes + LOOKAHEAD + 2, self.context).numpy()
+        return self.costs if self.costs is not None else self.step_costs(self.speed, self.context, self.max_nodes)
 
     @cached_property
     def t_draft(self) -> float:
@@ -94,11 +108,37 @@ class TreeSizer:
     def best(self, tree: DraftTree, members: torch.Tensor | None = None) -> tuple[int, float, float]:
         """(n, expected tokens, rate) of the best prefix of ``members`` (bool over nodes, root excluded; all when
         None) ranked by draft score."""
+        return self._best(tree, members)[1:]
+
+    def _best(self, tree: DraftTree, members: torch.Tensor | None) -> tuple[np.ndarray, int, float, float]:
+        """`best` with the ranked scores, remembered for the latest (tree, members, expansions): a policy asks
+        `in_best_prefix` and then `expand_again` of the same tree."""
+        count = None if members is None else int(members.sum())  # a mask the policy updates in place counts anew
+        key = (tree, members, self.expansions, count)
+        memo = getattr(self, "_memo", None)
+        if memo is not None and memo[0][0] is tree and memo[0][1] is members and memo[0][2:] == key[2:]:
+            return memo[1]
         scores = tree.scores[1:] if members is None else tree.scores[1:][members[1:]]
         ranked = -np.sort(-scores.detach().cpu().double().numpy())[: self.max_nodes]
         tokens, rates = self.rates(ranked)
         n = int(rates.argmax())
-        return n, float(tokens[n]), float(rates[n])
+        result = (ranked, n, float(tokens[n]), float(rates[n]))
+        self._memo = (key, result)
+        return result
+
+    def in_best_prefix(self, tree: DraftTree, nodes: torch.Tensor, members: torch.Tensor | None = None
+                       ) -> torch.Tensor:
+        """Bool over ``nodes``: those the best prefix of ``members`` keeps (the root always). Only they are worth
+        expanding: a node left out had an acceptance below what its row would cost at the prefix's rate, and its
+        descendants score lower still (a block of such nodes never pays either), while the rate only rises as
+        better nodes join."""
+        if self.mode == "probe" and self.expansions == 0:
+            return torch.ones(nodes.numel(), dtype=torch.bool)
+        ranked, n, _, _ = self._best(tree, members)
+        is_root = tree.parents[nodes] < 0
+        if n == 0:
+            return is_root
+        return (tree.scores[nodes] >= float(ranked[n - 1])) | is_root
 
     def expected_gain(self, scores, levels: int) -> np.ndarray:
         """``[levels]`` expected accepted tokens added by expanding the nodes of draft log-scores ``scores`` and then

@@ -28,6 +28,7 @@ class TreeSizing:
 
     def __init__(self, speed: SpeedModel):
         self.speed = speed
+        self._step: TreeSizer | None = None  # the sizer `may_draft` built for the current step
 
     @classmethod
     def for_generation(cls, policy: TreePolicy, setup: DecodingSetup) -> "TreeSizing | None":
@@ -46,11 +47,16 @@ class TreeSizing:
     def may_draft(self, context_length: int) -> bool:
         """Whether a step at ``context_length`` could draft at all: some tree could beat a draft-free step
         (`TreeSizer.could_pay`), or a probe is due. False: the step is a plain one and no policy runs."""
-        return TreeSizer(self.speed, context_length).could_pay()
+        sizer = TreeSizer(self.speed, context_length)
+        self._step = sizer  # its mode and predicted costs serve the step's budgets (read once a step)
+        return sizer.could_pay()
 
     def budget(self, context: StepContext) -> StepContext:
         """``context`` with this step's `StepBudget` for its row (one per row: it counts that row's expansions)."""
-        context.budget = TreeSizer(self.speed, int(context.context_length))
+        length, step = int(context.context_length), self._step
+        same = step is not None and step.context == length
+        context.budget = (TreeSizer(self.speed, length, costs=step._costs, mode=step.mode) if same
+                          else TreeSizer(self.speed, length))
         return context
 
     def observe(self, outcome: StepOutcome) -> None:

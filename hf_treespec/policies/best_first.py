@@ -37,6 +37,7 @@ class SALFPolicy(TreePolicy):
         tree = DraftTree.root(root_token, device=device)
         budget = sizer.max_nodes if sizer is not None else int(self.params["tree_budget"])
         capacity = budget + 1  # G holds the root and N draft nodes
+        children = capacity if sizer is None else min(capacity, sizer.max_children)
         batch, th = int(self.params["salf_batch"]), float(self.params["salf_threshold"])
         max_depth = self.params["tree_depth"]
         in_g = torch.ones(1, dtype=torch.bool, device=device)  # popped into G
@@ -51,11 +52,12 @@ class SALFPolicy(TreePolicy):
             if expand.numel() == 0:
                 break
             if sizer is not None:
-                if not sizer.expand_again(tree, expand, in_g):
+                expand = expand[sizer.in_best_prefix(tree, expand, in_g)]
+                if expand.numel() == 0 or not sizer.expand_again(tree, expand, in_g):
                     break
             elif float(tree.scores[expand].exp().sum()) < th:
                 break
-            vals, toks = yield from topk_children(tree, expand, capacity, capabilities)
+            vals, toks = yield from topk_children(tree, expand, children, capabilities)
             k = vals.shape[-1]
             tree = tree.add_children(expand[:, None].expand(-1, k).reshape(-1), toks.reshape(-1), vals.reshape(-1))
             in_g = _pad(in_g, tree.num_nodes)
