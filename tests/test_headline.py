@@ -12,7 +12,7 @@ import pytest
 from hf_treespec.benchmark import summary
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "docs" / "results"
+RESULTS = ROOT / "docs" / "results" / "headline"
 QUOTING = [ROOT / "BENCHMARKS.md",
            ROOT / "hf_treespec" / "assets_data" / "drafters" / "smollm2-135m-instruct" / "README.md"]
 
@@ -21,14 +21,14 @@ def test_every_file_quotes_the_committed_results():
     block = summary.render(summary.load_runs(RESULTS))
     assert "tree:salf" in block and "assisted_lookup" in block
     assert summary.sync_files(QUOTING, block, write=False) == [], (
-        "re-render with: python -m hf_treespec.benchmark.summary docs/results --write BENCHMARKS.md "
+        "re-render with: python -m hf_treespec.benchmark.summary docs/results/headline --write BENCHMARKS.md "
         "hf_treespec/assets_data/drafters/smollm2-135m-instruct/README.md")
 
 
 def _run(methods, temperature=0.0):
     return {"settings": {"hardware_summary": "CPU X (avx2; 2 threads)", "dtype": "float32", "temperature": temperature,
                          "num_questions": 3, "max_new_tokens": 8, "date": "2026-01-02 03:04:05", "commit": "abc1234",
-                         "torch": "2", "transformers": "5", "command": "hf-treespec bench --quick"},
+                         "torch": "2", "transformers": "5", "command": "hf-treespec bench --quick", "repeats": 3},
             "methods": [{"method": name, "tokens_per_s": 10.0 * speed, "speedup": speed, "tau": tau,
                          "identical": 3, "compared": 3 if temperature == 0 else None} for name, speed, tau in methods]}
 
@@ -41,6 +41,15 @@ def test_render_picks_plain_the_tree_and_the_best_peer():
     assert "assisted_lookup: **1.10x**" in block and "assisted_drafter" not in block
     assert "| 10.0 |" in block and "3/3" in block and "abc1234" in block and "hf-treespec bench --quick" in block
     assert "n/a (sampled)" in summary.render([_run([("plain", 1, 1), ("tree:salf", 1.1, 1.5)], temperature=1.0)])
+
+
+def test_the_engine_peer_has_its_column_and_single_repeats_are_refused():
+    run = _run([("plain", 1.0, 1.0), ("openvino", 2.5, 1.0), ("tree:salf", 1.4, 2.2)])
+    run["methods"][1]["tau"] = float("nan")  # another engine: no target forwards to count
+    assert "| openvino: **2.50x** |" in summary.render([run])
+    run["settings"]["repeats"] = 1
+    with pytest.raises(ValueError, match="median of 1 repeat.*at least 3"):
+        summary.render([run])
 
 
 def test_a_run_without_plain_or_tree_is_refused():

@@ -174,7 +174,8 @@ def write_batched_report(rows: list[BatchRow], settings: dict[str, Any], folder:
     lines = [
         f"hardware: {settings.get('hardware', '')}",
         f"dtype {settings.get('dtype')}, {settings.get('num_questions')} questions x {settings.get('max_new_tokens')} "
-        f"new tokens, {'greedy' if settings.get('greedy') else 'sampled'}",
+        f"new tokens, {'greedy' if settings.get('greedy') else 'sampled'}, median of {settings.get('repeats', 1)} "
+        f"repeat(s); {settings.get('date', '')}, commit {settings.get('commit')}",
         "",
         "| batch | method | tokens/s | speedup vs plain batched |" + (" vs compiled plain batched |" if versus else "")
         + " tau | rows identical to plain |",
@@ -225,10 +226,15 @@ def _plot(rows: list[BatchRow], path: Path) -> None:
 
 
 def batch_settings(config, model, num_questions: int) -> dict[str, Any]:
+    import time
+
+    import transformers
+
     return {"hardware": detect(next(model.parameters()).device).describe(), "dtype": config.resolved_dtype,
             "num_questions": num_questions,
             "max_new_tokens": config.max_new_tokens, "greedy": config.greedy, "threads": config.threads,
-            "torch": torch.__version__, "model": config.model, "drafter": config.drafter}
+            "repeats": config.repeats, "torch": torch.__version__, "transformers": transformers.__version__,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "model": config.model, "drafter": config.drafter}
 
 
 def run_batched_benchmark(config, batch_sizes: list[int], on_batch_size: Callable[[list[BatchRow], dict[str, Any]], None]
