@@ -580,3 +580,25 @@ def test_batched_identity_is_counted_against_plain_through_the_same_forward(tmp_
     assert "| 2 | tree:chain@compile=true | 30.0 | 3.00x | 1.50x |  | 2/2 (1/2 vs eager) |" in table
     saved = json.loads((tmp_path / "batched.json").read_text())["rows"]
     assert saved[3]["speedup_compiled"] == 1.5 and saved[3]["identical_eager_rows"] == 1
+
+
+def test_batched_repeats_go_round_the_methods(monkeypatch):
+    """Each repeat runs every method once before the next repeat starts, so a slow stretch of a shared machine falls
+    on every method instead of on one method's consecutive repeats; the median of each method's repeats is kept."""
+    from types import SimpleNamespace
+
+    from hf_treespec.benchmark import batched
+
+    calls, clock = [], iter([3.0, 1.0, 2.0, 5.0, 4.0, 6.0])
+
+    def fake_run(method, model, ids, mask, drafter, gen_kwargs):
+        calls.append(method.name)
+        return SimpleNamespace(sequences=torch.cat([ids, torch.ones(ids.shape[0], 2, dtype=torch.long)], 1)), next(clock)
+
+    monkeypatch.setattr(batched, "_run_once", fake_run)
+    methods = [build_method("plain"), build_method("tree:chain")]
+    rows = batched.run_batched(methods, None, {}, [torch.tensor([[5, 6]]), torch.tensor([[7, 8]])], [2], {},
+                               pad_id=0, eos=set(), repeats=3, progress=False, greedy=False)
+    assert calls == ["plain", "tree:chain"] * 3
+    plain, chain = rows
+    assert (plain.seconds, chain.seconds) == (3.0, 5.0)  # medians of (3, 2, 4) and (1, 5, 6)

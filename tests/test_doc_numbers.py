@@ -43,6 +43,10 @@ DOCUMENTS = [ROOT / "README.md", ROOT / "BENCHMARKS.md", ROOT / "CONTRIBUTING.md
              *sorted((ROOT / "model_cards").glob("*.md")),
              *sorted((ROOT / "hf_treespec" / "assets_data" / "drafters").glob("*/README.md"))]
 
+#: a speedup is quoted from benchmark runs timed at least this often (their median): one repeat on a shared 2-core
+#: machine measured the same configuration 1.5x apart on one day
+MIN_REPEATS = 3
+
 #: documents whose bare figures and rates are not checked (their speedups and taus are): a log of runs as they were
 #: made, many without committed raw outputs; it records what was seen then, it claims nothing about today's code
 LOGS = {"docs/history.md"}
@@ -337,10 +341,29 @@ def check(figure: Figure) -> str | None:
     if figure.kind == "rate":
         found = any(figure.text in _rates_of(source) for source in figure.sources)
     else:
-        found = any(matches(figure.text, _numbers(source, figure.kind)) for source in figure.sources)
+        backing = [source for source in figure.sources if matches(figure.text, _numbers(source, figure.kind))]
+        found = bool(backing)
+        if found and figure.kind == "speedup" and figure.document not in LOGS and all(
+                (_repeats(source) or MIN_REPEATS) < MIN_REPEATS for source in backing):
+            return (f"{figure.where()} comes from a benchmark run of fewer than {MIN_REPEATS} repeats {backing}: "
+                    f"quote a median of at least {MIN_REPEATS} (hf-treespec bench --repeats {MIN_REPEATS})")
     if not found:
         return f"{figure.where()} is in none of its section's results {list(figure.sources)}: fix it or its source"
     return None
+
+
+@lru_cache(maxsize=None)
+def _repeats(source: str) -> int | None:
+    """The fewest timed repeats of the ``hf-treespec bench`` runs under a result path (``settings.repeats`` of their
+    ``summary.json`` / ``batched.json``); None when the path holds no bench run."""
+    files = [file for path in _paths(source) for file in (sorted(path.rglob("*.json")) if path.is_dir() else [path])]
+    counts = []
+    for file in files:
+        if file.name in ("summary.json", "batched.json"):
+            settings = json.loads(file.read_text()).get("settings")
+            if isinstance(settings, dict) and "command" in settings:
+                counts.append(int(settings.get("repeats") or 1))
+    return min(counts) if counts else None
 
 
 def provenance(source: str) -> str | None:

@@ -115,19 +115,25 @@ def run_batched(methods: list[BenchMethod], model, drafters: dict[str, Any], pro
                 batch_rows: dict[str, list[torch.Tensor]] = {}
                 others = usable[1:]
                 shift = (start // batch_size) % max(len(others), 1)
-                # plain first on every batch (its rows are the identity reference); the others rotate
-                for method in [usable[0]] + others[shift:] + others[:shift]:
-                    times, out = [], None
-                    for _ in range(repeats):
+                # plain first on every batch (its rows are the identity reference); the others rotate. Repeats go
+                # round the methods, so a noisy stretch of the machine falls on every method, not on one
+                order = [usable[0]] + others[shift:] + others[:shift]
+                times: dict[str, list[float]] = {method.name: [] for method in order}
+                outs: dict[str, Any] = {}
+                for _ in range(repeats):
+                    for method in order:
                         torch.manual_seed(seed + start)
                         out, seconds = _run_once(method, model, ids, mask, drafters.get(method.name), gen_kwargs)
-                        times.append(seconds)
+                        times[method.name].append(seconds)
+                        outs[method.name] = out
                         bar.set_postfix_str(f"B={batch_size} {method.name}", refresh=False)
                         bar.update()
+                for method in order:
+                    out = outs[method.name]
                     rows = generated_tokens(out.sequences, ids.shape[1], eos, pad_id)
                     record = results[method.name]
                     record.tokens += sum(int(r.numel()) for r in rows)
-                    record.seconds += statistics.median(times)
+                    record.seconds += statistics.median(times[method.name])
                     record.rows += len(rows)
                     if getattr(out, "row_accepted_lengths", None) is not None:
                         record.row_steps += sum(len(r) for r in out.row_accepted_lengths)
@@ -226,8 +232,6 @@ def _plot(rows: list[BatchRow], path: Path) -> None:
 
 
 def batch_settings(config, model, num_questions: int) -> dict[str, Any]:
-    import time
-
     import transformers
 
     return {"hardware": detect(next(model.parameters()).device).describe(), "dtype": config.resolved_dtype,
