@@ -519,3 +519,22 @@ def test_drafting_is_judged_against_the_measured_draft_free_rate():
                                tokens=2 if len(modes) % 5 < 3 else 1)
     assert modes.count("skip") == 1 and set(modes[modes.index("skip") + 1 :]) == {"size"}
     assert speed.plain.rate == pytest.approx(25.0) and speed.gain.mean > 0
+
+
+@pytest.mark.auto_budget
+def test_each_policy_learns_its_own_speed_model(target, drafters, prompt, tmp_path, monkeypatch):
+    """What a draft score predicts, and what a draft round costs, depend on how a policy grows its trees (EAGLE-2
+    expands a fixed top-k frontier, SALF pops its best nodes): two auto-sized policies with the same drafter and
+    settings keep separate speed models, so one policy's trees never size the other's."""
+    monkeypatch.setenv("HF_TREESPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr("hf_treespec.cost.speed_model.load_or_calibrate",
+                        lambda m, cache_dir=None, compiled=None, batch=1: CostCurve.from_json(FLAT.to_json()))
+    monkeypatch.delitem(target.__dict__, "_treespec_speed_models", raising=False)
+    drafter = drafters["truncated"]  # half the target: priced to pay on a flat curve
+    for policy in ("salf", "eagle2"):
+        torch.manual_seed(0)
+        out = target.generate(prompt, assistant_model=drafter, tree_policy=policy, tree_budget="auto", do_sample=True,
+                              temperature=1.0, max_new_tokens=8, return_dict_in_generate=True)
+        assert out.drafted_steps > 0, (policy, out.tree_sizes)
+    models = next(iter(target.__dict__["_treespec_speed_models"]["drafters"].values()))
+    assert len(models) == 2 and {key[2] for key in models} == {"salf", "eagle2"}

@@ -33,13 +33,15 @@ class TreeSizing:
     @classmethod
     def for_generation(cls, policy: TreePolicy, setup: DecodingSetup) -> "TreeSizing | None":
         """The sizing of a generate call whose policy was given ``tree_budget="auto"``; None for a numeric budget
-        (the policy sizes its own trees). The speed model is the target's for this drafter object and these
-        sampling settings; its cost curve is calibrated at first use for this batch size and forward (eager or
+        (the policy sizes its own trees). The speed model is the target's for this drafter object, this policy and
+        these sampling settings; its cost curve is calibrated at first use for this batch size and forward (eager or
         compiled) and cached on disk per machine."""
         if not is_auto(policy.params.get("tree_budget")):
             return None
         assistant = getattr(setup.drafter, "model", setup.drafter)
-        key = (type(setup.drafter).__name__, setup.temperature, setup.top_p)
+        # per policy too: what a draft score predicts, and what a draft round costs, depend on how the policy grows
+        # its trees (a sampled DySpec tree's scores are not SALF's); a shared model let one policy's trees size another's
+        key = (type(setup.drafter).__name__, policy.name, setup.temperature, setup.top_p)
         speed = speed_model_for(setup.target, assistant, key, batch=setup.batch,
                                 batched_drafting=setup.drafter.batches_rows, compiled=setup.compiled)
         return cls(speed)
