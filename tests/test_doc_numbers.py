@@ -37,15 +37,14 @@ from pathlib import Path
 
 import pytest
 
+from hf_treespec.benchmark.summary import MIN_REPEATS  # a speedup is quoted from medians of this many
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
 DOCUMENTS = [ROOT / "README.md", ROOT / "BENCHMARKS.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md")),
              *sorted((ROOT / "model_cards").glob("*.md")),
              *sorted((ROOT / "hf_treespec" / "assets_data" / "drafters").glob("*/README.md"))]
 
-#: a speedup is quoted from benchmark runs timed at least this often (their median): one repeat on a shared 2-core
-#: machine measured the same configuration 1.5x apart on one day
-MIN_REPEATS = 3
 
 #: documents whose bare figures and rates are not checked (their speedups and taus are): a log of runs as they were
 #: made, many without committed raw outputs; it records what was seen then, it claims nothing about today's code

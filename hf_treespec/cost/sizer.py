@@ -15,7 +15,7 @@ node acceptance probabilities) in ``e * t_draft + c(n + 1)`` seconds. The policy
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
@@ -49,25 +49,31 @@ class TreeSizer:
     max_nodes: int = AUTO_MAX_NODES
     expansions: int = 0
     max_children: int = AUTO_MAX_CHILDREN
-    #: the step's predicted costs per rows, when the loop already read them this step (`step_costs`)
+    #: the step's predicted costs per rows, when another row's sizer of this step already read them (`for_row`)
     costs: np.ndarray | None = None
     mode: str | None = None
+    #: the latest `_best` answer: (tree, members, (expansions, members counted)), result
+    _memo: tuple | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.mode is None:
             self.mode = self.speed.step_mode(self.context)
 
-    @staticmethod
-    def step_costs(speed: "SpeedModel", context: int, max_nodes: int = AUTO_MAX_NODES) -> np.ndarray:
-        """Predicted seconds of a step verifying 1 .. ``max_nodes + LOOKAHEAD + 2`` rows at ``context``."""
-        return speed.step_costs(max_nodes + LOOKAHEAD + 2, context).numpy()
+    def for_row(self, context: int) -> "TreeSizer":
+        """A fresh budget (its own expansion count) for a row of this step at ``context``: this step's mode and
+        predicted costs when the context is this one's, else read anew."""
+        if context != self.context:
+            return TreeSizer(self.speed, context, self.max_nodes)
+        return TreeSizer(self.speed, context, self.max_nodes, costs=self._costs, mode=self.mode)
 
     # read lazily: a step the speed model skips (no tree pays) never interpolates the cost curve. The per-step
     # arithmetic runs on numpy arrays of ~100 floats: torch's per-op overhead, ~40 ops a step, was ~1 ms of a 10-20
     # ms compiled step
     @cached_property
     def _costs(self) -> np.ndarray:
-        return self.costs if self.costs is not None else self.step_costs(self.speed, self.context, self.max_nodes)
+        if self.costs is not None:
+            return self.costs
+        return self.speed.step_costs(self.max_nodes + LOOKAHEAD + 2, self.context).numpy()
 
     @cached_property
     def t_draft(self) -> float:
@@ -113,17 +119,16 @@ class TreeSizer:
     def _best(self, tree: DraftTree, members: torch.Tensor | None) -> tuple[np.ndarray, int, float, float]:
         """`best` with the ranked scores, remembered for the latest (tree, members, expansions): a policy asks
         `in_best_prefix` and then `expand_again` of the same tree."""
-        count = None if members is None else int(members.sum())  # a mask the policy updates in place counts anew
-        key = (tree, members, self.expansions, count)
-        memo = getattr(self, "_memo", None)
-        if memo is not None and memo[0][0] is tree and memo[0][1] is members and memo[0][2:] == key[2:]:
-            return memo[1]
+        # a mask the policy updates in place is told apart by its count
+        state = (self.expansions, None if members is None else int(members.sum()))
+        if self._memo is not None and self._memo[0] is tree and self._memo[1] is members and self._memo[2] == state:
+            return self._memo[3]
         scores = tree.scores[1:] if members is None else tree.scores[1:][members[1:]]
         ranked = -np.sort(-scores.detach().cpu().double().numpy())[: self.max_nodes]
         tokens, rates = self.rates(ranked)
         n = int(rates.argmax())
         result = (ranked, n, float(tokens[n]), float(rates[n]))
-        self._memo = (key, result)
+        self._memo = (tree, members, state, result)
         return result
 
     def in_best_prefix(self, tree: DraftTree, nodes: torch.Tensor, members: torch.Tensor | None = None

@@ -55,10 +55,8 @@ class TreeSizing:
 
     def budget(self, context: StepContext) -> StepContext:
         """``context`` with this step's `StepBudget` for its row (one per row: it counts that row's expansions)."""
-        length, step = int(context.context_length), self._step
-        same = step is not None and step.context == length
-        context.budget = (TreeSizer(self.speed, length, costs=step._costs, mode=step.mode) if same
-                          else TreeSizer(self.speed, length))
+        length = int(context.context_length)
+        context.budget = TreeSizer(self.speed, length) if self._step is None else self._step.for_row(length)
         return context
 
     def observe(self, outcome: StepOutcome) -> None:
