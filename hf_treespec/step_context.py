@@ -81,6 +81,7 @@ class StepOutcome:
             verification (0 when the loop was not timing).
         draft_rounds: drafter forwards run (a batch drafts every row in one forward per round).
         shapes: the ``(k, l)`` each row's policy chose for its tree (`Draft.shape`; None where it chose none).
+        forward_seconds: the target forward alone (its inputs built), within ``verify_seconds``.
     """
 
     trees: list[DraftTree]
@@ -92,6 +93,7 @@ class StepOutcome:
     verify_seconds: float
     draft_rounds: int
     shapes: list[tuple[int, int] | None]
+    forward_seconds: float = 0.0
 
     @property
     def tokens(self) -> int:

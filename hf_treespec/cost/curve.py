@@ -34,6 +34,10 @@ FIRST_USE_REPEATS = 5
 MAX_BATCH_ROWS = 64
 #: EMA weight of one online observation
 COST_RATE = 0.1
+#: share of an observation's correction that every other point of the curve takes too: a machine slowed by another
+#: process slows forwards of every size, so a stretch of slow one-row steps moves the whole curve, not only its
+#: one-row cost (which, the curve being kept nondecreasing, flattened it and grew 25-row trees on a 2-core CPU)
+LEVEL_SHARE = 0.8
 
 
 def _interp(x: float, xs: list[float], ys: list[float]) -> float:
@@ -100,8 +104,8 @@ class CostCurve:
         return torch.from_numpy(np.maximum.accumulate(np.maximum(out, 1e-9)))
 
     def observe(self, rows: int, context: int, seconds: float, rate: float = COST_RATE) -> None:
-        """Moves the grid points around (rows, context) towards a measured step, weighted by closeness, then keeps the
-        curve nondecreasing in ``rows``."""
+        """Moves the grid points around (rows, context) towards a measured step, weighted by closeness, and every
+        other point by `LEVEL_SHARE` of that correction, then keeps the curve nondecreasing in ``rows``."""
         if seconds <= 0 or not math.isfinite(seconds):
             return
         ratio = seconds / self(rows, context)
@@ -110,12 +114,13 @@ class CostCurve:
         lo = max(hi - 1, 0) if self.sizes[hi] != rows else hi
         span = max(self.sizes[hi] - self.sizes[lo], 1)
         weights = {hi: 1.0} if lo == hi else {lo: (self.sizes[hi] - rows) / span, hi: (rows - self.sizes[lo]) / span}
-        row = self.seconds[j]
         self._dense = None
-        for i, w in weights.items():
-            row[i] *= 1 + rate * max(w, 0.0) * (ratio - 1)
-        for i in range(1, len(row)):
-            row[i] = max(row[i], row[i - 1])
+        for c, row in enumerate(self.seconds):
+            for i in range(len(row)):
+                own = max(weights.get(i, 0.0), 0.0) if c == j else 0.0
+                row[i] *= 1 + rate * (own + (1 - own) * LEVEL_SHARE) * (ratio - 1)
+            for i in range(1, len(row)):
+                row[i] = max(row[i], row[i - 1])
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -33,8 +33,14 @@ PROBE_STEPS = 4
 #: that probe lost over this fraction, so re-probing costs at most ~this share of the run however costly a probe
 #: is (a probe of a large batch drafts every row: many times a one-row probe's cost)
 PROBE_BUDGET = 0.02
-#: weight kept per new observation by the drafted / draft-free step statistics (a window of ~20 steps of each kind)
+#: weight kept per new observation by the draft-free rate (a window of ~20 steps: it follows the context's growth)
 STEP_DECAY = 0.95
+#: weight kept per drafted step by their gain statistics (a window of ~100 steps: a drafted step's tokens vary by ~1,
+#: so a window of 20 could not tell a drafter that loses 5% from one that breaks even)
+GAIN_DECAY = 0.99
+#: drafted steps must beat draft-free decoding by this share of their tokens to keep the drafter on: ties go to the
+#: draft-free step (a drafter that only breaks even adds variance and memory, and a batch of 4 on a CPU sat there)
+DRAFT_MARGIN = 0.02
 #: the drafter is switched off once the mean gain of at least MIN_EVIDENCE drafted steps (decayed count) is below
 #: zero by SKIP_CONFIDENCE standard errors, one step's gain variance taken as at least GAIN_VARIANCE_FLOOR (tokens^2).
 #: A paying drafter's steps commit 1, 2, 3 ... tokens (variance ~1), so an unlucky start does not switch it off; a
@@ -135,7 +141,7 @@ class DraftedSteps:
     curve's one-row forward, which leaves out the loop's own per-step costs and so makes early drafted steps look
     worse than they are)."""
 
-    decay: float = STEP_DECAY
+    decay: float = GAIN_DECAY
     count: float = 0.0
     tokens: float = 0.0
     seconds: float = 0.0
@@ -241,6 +247,9 @@ class SpeedModel:
         self.acceptance = acceptance if acceptance is not None else AcceptanceTable()
         self._draft = EMA()
         self._draft_prior = draft_prior
+        #: host seconds a step spends outside drafting and its forward (building inputs, verification, commits,
+        #: emission), for steps without and with draft nodes: what the curve (forwards only) leaves out
+        self._host = {False: EMA(), True: EMA()}
         self._child = EMA()
         self.drafted = RateWindow()  # steps that ran the drafter (for inspection; the decision reads `gain`)
         self.plain = RateWindow()  # draft-free steps
@@ -260,8 +269,17 @@ class SpeedModel:
         return self.curve(rows, context)
 
     def step_costs(self, max_rows: int, context: int) -> torch.Tensor:
-        """``[max_rows]`` predicted seconds of a step verifying 1..max_rows rows per tree (one vectorised call)."""
-        return self.curve.costs(max_rows, context)
+        """``[max_rows]`` predicted seconds of a step verifying 1..max_rows rows per tree (one vectorised call): the
+        curve's forward plus the measured host work of a step without drafts (one row) or with them (more rows)."""
+        costs = self.curve.costs(max_rows, context) + self.host_seconds(True)
+        costs[0] += self.host_seconds(False) - self.host_seconds(True)
+        return costs
+
+    def host_seconds(self, drafts: bool) -> float:
+        """Measured host seconds of a step's work outside drafting and the target forward (`observe_step`), for a
+        step whose trees had draft nodes or not; before any such step, the other kind's (0 before any step)."""
+        own, other = self._host[drafts].value, self._host[not drafts].value
+        return own if own is not None else (other if other is not None else 0.0)
 
     def draft_seconds(self, context: int) -> float:
         """Seconds per draft round (one expansion of every row of the batch): the measured mean, or before any the
@@ -290,15 +308,16 @@ class SpeedModel:
         self._child.add(max(float((best[expanded] - scores[expanded]).exp().mean()), 1e-6))
 
     def plain_rate(self, context: int) -> float:
-        """Tokens per second of a draft-free step: measured, or one per row of the batch per predicted one-row
-        forward before any."""
+        """Tokens per second of a draft-free step: measured (steps of the full batch), or before any one per row of
+        the batch per predicted one-row step (the curve's forward plus a draft-free step's host work)."""
         rate = self.plain.rate
-        return rate if rate is not None else self.batch / self.curve(1, context)
+        return rate if rate is not None else self.batch / (self.curve(1, context) + self.host_seconds(False))
 
     @property
     def gain(self) -> GainEstimate:
-        """The drafted steps' gain over draft-free decoding at today's estimate of its rate (`plain_rate`)."""
-        return self.steps.gain(self.plain_rate(self._context))
+        """The drafted steps' gain over draft-free decoding at today's estimate of its rate (`plain_rate`), raised by
+        `DRAFT_MARGIN`: what drafting must beat to stay on."""
+        return self.steps.gain(self.plain_rate(self._context) * (1 + DRAFT_MARGIN))
 
     def drafting_loses(self) -> bool:
         """Whether drafted steps have been slower than draft-free ones beyond noise: at least `MIN_EVIDENCE` of them
@@ -341,31 +360,45 @@ class SpeedModel:
 
     def observe_step(self, *, tree_scores: torch.Tensor, on_path: torch.Tensor, rows: int, context: int,
                      draft_seconds: float, draft_forwards: int, verify_seconds: float, tokens: int,
-                     trees: int | None = None) -> None:
+                     trees: int | None = None, other_seconds: float = 0.0, forward_seconds: float | None = None
+                     ) -> None:
         """One verified step: ``tree_scores``/``on_path`` of its draft nodes (root excluded), ``rows`` verified per
         tree (root included), measured draft / verify time, tokens committed. A step whose drafter ran counts as
         drafted even when the cost rule then kept no node: it paid for the drafter. A batch step is observed once,
         as a whole: every row's nodes concatenated, ``rows`` the packed tree width, ``trees`` the rows verified in
         the forward (the batch when None), ``draft_forwards`` the draft rounds (one forward per round, or one per
         row when the drafter does not batch rows), draft seconds and tokens summed over rows, so drafted and
-        draft-free steps are compared at the batch's own throughput."""
+        draft-free steps are compared at the batch's own throughput. ``other_seconds``: the step's host work after
+        verification (commits, emission); ``forward_seconds``: the target forward alone, within ``verify_seconds``
+        (the curve learns from it; the rest of ``verify_seconds`` and ``other_seconds`` are the step's host work).
+        A step costs its whole wall time: every decision compares draft + verify + other seconds."""
         self._context = context
         probing = bool(draft_forwards) and self._probing(context)  # the mode this step ran in, before any update
-        if trees is None or trees == self.batch:  # a batch whose rows finished runs narrower forwards: not its curve
-            self.curve.observe(rows, context, verify_seconds)
-        if draft_forwards:
+        # a batch whose rows finished runs narrower, cheaper steps that commit fewer tokens: neither its curve nor
+        # its rates (one draft-free step of a lone last row, priced as the batch's, made every drafted step of the
+        # next call look like a gain)
+        full = trees is None or trees == self.batch
+        forward = verify_seconds if forward_seconds is None else forward_seconds
+        if full and (verify_seconds > 0 or other_seconds > 0):
+            # host work: the step's verification past the forward, its tail and, without a drafter, its sizing check
+            drafting = draft_seconds if draft_forwards else 0.0
+            self._host[rows > 1].add(max(verify_seconds - forward, 0.0) + other_seconds + draft_seconds - drafting)
+        if full:
+            self.curve.observe(rows, context, forward)
+        if draft_forwards and full:
             self._draft.add(draft_seconds / draft_forwards)
         if rows > 1:
             self.acceptance.observe(tree_scores, on_path)
-        total = draft_seconds + verify_seconds
+        total = draft_seconds + verify_seconds + other_seconds
         if not draft_forwards:
             self._since_draft += 1
             if total > 0:
-                self.plain.add(tokens, total)
                 self._free_seconds += total
+                if full:
+                    self.plain.add(tokens, total)
             return
         self._since_draft, self._free_seconds = 0, 0.0
-        if total > 0:
+        if total > 0 and full:
             plain_rate = self.plain_rate(context)
             gain = tokens - plain_rate * total
             self.steps.add(tokens, total)

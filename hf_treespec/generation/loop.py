@@ -10,7 +10,8 @@ keeps per-tree state between calls). A step reads top to bottom in `TreeDecoding
    `RaggedKV` for a batch), each drafted row's path picked by the verifier; a root-only row is a plain ``generate``
    step (its token the target's own choice; rows of equal length share the processors and stopping criteria);
 3. commit: the cache keeps each row's accepted rows, the policy and the sizing observe the step, each drafter takes
-   its path and the target features along it;
+   its path and the target features along it (the sizing learns from the step once its host tail ended, when the
+   next step begins: a step costs its whole wall time, not only its draft and verify phases);
 4. emit: the accepted tokens join each row's output, every stopping criterion sees every prefix; finished rows
    leave the batch (their output padded with ``pad_token_id`` as plain ``generate`` pads it).
 
@@ -119,6 +120,9 @@ class TreeDecodingLoop:
             verification = self.verify(drafted)  # 2. one target forward, each row's accepted path
             self.commit(drafted, verification)  # 3. policy and drafters take the step
             self.emit(verification)  # 4. tokens out, finished rows leave
+        if self.sizing is not None:
+            self.timer.finished()
+            self.sizing.step_ended(self.timer.step_other)
         return self.output()
 
     def prefill(self) -> None:
@@ -152,6 +156,8 @@ class TreeDecodingLoop:
         self.timer.drafting()
         contexts = [row.context for row in self.active]
         sizing = self.sizing
+        if sizing is not None:  # the previous step's cost is complete: its host tail (commit, emit) ended now
+            sizing.step_ended(self.timer.step_other)
         if sizing is None or sizing.may_draft(min(context.context_length for context in contexts)):
             if sizing is not None:
                 contexts = [sizing.budget(context) for context in contexts]
@@ -232,7 +238,7 @@ class TreeDecodingLoop:
             trees=drafted.trees, accepted=[v.accepted for v in verdicts], contexts=[row.context for row in self.active],
             width=verification.width, context_length=sum(row.context_length for row in self.active) // len(self.active),
             draft_seconds=timer.step_draft, verify_seconds=timer.step_verify, draft_rounds=drafted.rounds,
-            shapes=drafted.shapes,
+            shapes=drafted.shapes, forward_seconds=timer.step_forward,
         )
         self.policy.observe(outcome)
         if self.sizing is not None:
