@@ -22,8 +22,9 @@ from hf_treespec.cost.speed_model import (
 from hf_treespec.cost.curve import CostCurve, calibrate_batches, calibrate_target, load_or_calibrate
 from hf_treespec.policies import POLICIES, StepContext
 from hf_treespec.policies.base import DraftSource
-from hf_treespec.cost.sizer import HeldSize, TreeSizer
-from hf_treespec.generation.sizing import PRICE_EVERY, TreeSizing
+from hf_treespec.cost.held_size import EXPLORE_EVERY, LADDER, PRICED_START, HeldSize, SizeLadder
+from hf_treespec.cost.sizer import TreeSizer
+from hf_treespec.generation.sizing import TreeSizing
 from hf_treespec.step_context import StepOutcome
 from hf_treespec.tree import DraftTree
 
@@ -638,34 +639,42 @@ def test_held_size_grows_like_a_fixed_budget():
 
 def _priced_outcome(sizes: list[int], rounds: int) -> StepOutcome:
     trees = [hand_tree([0.5] * n, list(range(n))) for n in sizes]  # chains of n draft nodes
-    return StepOutcome(trees=trees, accepted=[torch.zeros(1, dtype=torch.long)] * len(trees), contexts=[],
+    accepted = [torch.arange(min(n + 1, 3)) for n in sizes]  # chains: root and up to two drafts accepted
+    return StepOutcome(trees=trees, accepted=accepted, contexts=[],
                        width=max(sizes) + 1, context_length=256, draft_seconds=0.01, verify_seconds=0.04,
                        draft_rounds=rounds, shapes=[None] * len(trees))
 
 
-def test_steps_between_priced_ones_hold_the_size_the_priced_steps_chose():
-    # one drafting step in PRICE_EVERY runs the full cost rule; the others grow the median size the latest priced
-    # steps kept, without pricing each expansion
-    sizing = TreeSizing(SpeedModel(FLAT))
+def test_steps_after_the_first_priced_ones_hold_a_size_from_the_ladder():
+    # the cost rule prices every expansion of the first PRICED_START drafting steps; then the ladder starts at the
+    # size nearest their median and held steps grow its sizes without pricing
+    speed = SpeedModel(FLAT)
+    sizing = TreeSizing(speed)
     context = StepContext(root_token=3, context_length=256)
     budgets = []
-    for sizes in ([3, 1], [2, 2], [4, 2], [2, 5]):
-        for _ in range(PRICE_EVERY):
-            assert sizing.may_draft(256)
-            budgets.append(sizing.budget(context).budget)
-            sizing.observe(_priced_outcome(sizes, rounds=2))
-            sizing.step_ended(0.001)
-    priced = [type(b) is TreeSizer for b in budgets]
-    assert priced == ([True] + [False] * (PRICE_EVERY - 1)) * 4
-    held = [b for b in budgets if type(b) is HeldSize]
-    assert [b.max_nodes for b in held[: PRICE_EVERY - 1]] == [1] * (PRICE_EVERY - 1)  # median_low of [3, 1]
-    assert held[-1].max_nodes == 2  # median_low of [3, 1, 2, 2, 4, 2, 2, 5]
+    for step in range(PRICED_START + 3):
+        assert sizing.may_draft(256)
+        budgets.append(sizing.budget(context).budget)
+        sizing.observe(_priced_outcome([3], rounds=2))
+        sizing.step_ended(0.001)
+    assert [type(b) for b in budgets] == [TreeSizer] * PRICED_START + [HeldSize] * 3
+    assert speed.held.ladder.best == 4 and budgets[-1].max_nodes == 4  # 4 is the ladder size nearest 3
 
 
-def test_a_held_size_without_draft_nodes_takes_a_draft_free_step():
-    sizing = TreeSizing(SpeedModel(FLAT))
-    assert sizing.may_draft(256)
-    sizing.budget(StepContext(root_token=3, context_length=256))
-    sizing.observe(_priced_outcome([0, 0], rounds=1))  # the drafter ran, the cost rule kept the roots alone
-    sizing.step_ended(0.001)
-    assert not sizing.may_draft(256)  # held: no draft node, so no drafter forward either
+def test_the_ladder_follows_the_measured_rate_and_explores_neighbours():
+    def step(n: int) -> tuple[float, float]:  # n nodes: 1 + 0.9 * (1 - 0.5 ** n) tokens in 40 ms + 3 ms per node
+        return 1 + 0.9 * (1 - 0.5**n), 0.040 + 0.003 * n
+
+    ladder = SizeLadder.near(16)
+    assert ladder.best == 16
+    sizes = []
+    for _ in range(800):
+        size = ladder.next()
+        sizes.append(size)
+        ladder.observe(size, *step(size))
+    best = max(LADDER, key=lambda n: step(n)[0] / step(n)[1])
+    assert best == 2 and ladder.best == best  # from 16, down the ladder one neighbour at a time
+    tail = sizes[-EXPLORE_EVERY * 4:]
+    assert tail.count(2) == len(tail) - 4 and set(tail) == {1, 2, 4}  # one step in EXPLORE_EVERY: half or double
+
+

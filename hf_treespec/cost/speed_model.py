@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from .curve import CostCurve, load_or_calibrate
+from .held_size import HeldSizes
 
 #: after this many draft-free steps a probe of PROBE_STEPS drafted steps runs, so a drafter that became useful is
 #: noticed; the interval doubles after every probe that did not pay (up to MAX_REPROBE_EVERY), so a
@@ -263,6 +264,7 @@ class SpeedModel:
         self._probe_loss: float | None = None  # seconds the last probe lost against draft-free steps
         self._free_seconds = 0.0  # draft-free seconds since the last drafted step
         self.depth_acceptance = DepthAcceptance()
+        self.held = HeldSizes()  # the tree size held between priced steps, chosen by measured rate
 
     def target_seconds(self, rows: int, context: int) -> float:
         """Predicted seconds of a step verifying ``rows`` rows (root included) in each of the batch's trees."""

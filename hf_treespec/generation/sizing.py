@@ -10,23 +10,17 @@ build one.
 
 from __future__ import annotations
 
-import statistics
-from collections import Counter, deque
+from collections import Counter
 
 import torch
 
 from ..budget import is_auto
-from ..cost.sizer import HeldSize, TreeSizer
+from ..cost.held_size import HeldSize
+from ..cost.sizer import TreeSizer
 from ..cost.speed_model import SpeedModel, speed_model_for
 from ..policies.base import TreePolicy
 from ..step_context import DecodingSetup, StepContext, StepOutcome
 from ..tree import on_path
-
-
-#: one drafting step in this many is priced by the full cost rule (`TreeSizer`); the steps between hold the size
-#: the last `PRICED_MEMORY` priced steps chose (`HeldSize`). Probes are always priced
-PRICE_EVERY = 4
-PRICED_MEMORY = 8
 
 
 class TreeSizing:
@@ -39,10 +33,7 @@ class TreeSizing:
         self.speed = speed
         self._step: TreeSizer | None = None  # the sizer `may_draft` built for the current step
         self._pending: StepOutcome | None = None  # the verified step whose host tail is still running
-        self._held: HeldSize | None = None  # the size held this step (None: the step is priced)
-        self._since_priced = 0
-        #: (nodes kept per row, most common shape) of the latest priced steps
-        self._priced: deque[tuple[list[int], tuple[int, int] | None]] = deque(maxlen=PRICED_MEMORY)
+        self._held: HeldSize | None = None  # the size held this step (None: the step is priced or draft-free)
 
     @classmethod
     def for_generation(cls, policy: TreePolicy, setup: DecodingSetup) -> "TreeSizing | None":
@@ -61,32 +52,23 @@ class TreeSizing:
         return cls(speed)
 
     def may_draft(self, context_length: int) -> bool:
-        """Whether a step at ``context_length`` could draft at all: some tree could beat a draft-free step
-        (`TreeSizer.could_pay`), or a probe is due, or (between priced steps) the held size has draft nodes.
-        False: the step is a plain one and no policy runs."""
-        self._held = None
+        """Whether a step at ``context_length`` drafts: in "size" mode, a held size (`HeldSizes`: the ladder of
+        measured sizes) once the first priced steps chose where it starts; before that, and in a probe, whether some
+        tree could beat a draft-free step (`TreeSizer.could_pay`, then priced per expansion). False: the step is a
+        plain one and no policy runs."""
         mode = self.speed.step_mode(context_length)
-        if mode == "size" and self._priced and self._since_priced < PRICE_EVERY - 1:
-            self._since_priced += 1
-            self._held = self._held_size()
-            return self._held.max_nodes > 0 or self._held.shape is not None
-        self._since_priced = 0
+        self._held = self.speed.held.next() if mode == "size" else None
+        if self._held is not None:
+            return True
         sizer = TreeSizer(self.speed, context_length, mode=mode)
         self._step = sizer  # its mode and predicted costs serve the step's budgets (read once a step)
         return sizer.could_pay()
-
-    def _held_size(self) -> HeldSize:
-        """The median size of the latest priced steps' trees (every row's), their most common shape."""
-        nodes = [n for sizes, _ in self._priced for n in sizes]
-        shape = Counter(shape for _, shape in self._priced).most_common(1)[0][0]
-        return HeldSize(int(statistics.median_low(nodes)), shape)
 
     def budget(self, context: StepContext) -> StepContext:
         """``context`` with this step's `StepBudget` for its row (one per row: it counts that row's expansions)."""
         length = int(context.context_length)
         if self._held is not None:
-            held = self._held
-            context.budget = HeldSize(held.max_nodes, held.shape)
+            context.budget = HeldSize(self._held.max_nodes, self._held.shape)
         else:
             context.budget = TreeSizer(self.speed, length) if self._step is None else self._step.for_row(length)
         return context
@@ -104,10 +86,15 @@ class TreeSizing:
         outcome, self._pending = self._pending, None
         if outcome is None:
             return
-        if self._held is None and outcome.draft_rounds and self._step is not None and self._step.mode == "size":
-            shape = Counter(outcome.shapes).most_common(1)[0][0]
-            self._priced.append(([tree.num_nodes - 1 for tree in outcome.trees], shape))
         speed = self.speed
+        full = len(outcome.trees) == speed.batch
+        if self._held is not None:
+            if full:
+                speed.held.observe(self._held, outcome.tokens,
+                                   outcome.draft_seconds + outcome.verify_seconds + other_seconds)
+        elif outcome.draft_rounds and self._step is not None and self._step.mode == "size":
+            speed.held.record_priced([tree.num_nodes - 1 for tree in outcome.trees],
+                                     Counter(outcome.shapes).most_common(1)[0][0])
         for shape, path in zip(outcome.shapes, outcome.accepted):
             if shape is not None:
                 speed.depth_acceptance.observe(*shape, int(path.numel()) - 1)

@@ -1,0 +1,144 @@
+"""Held sizes: ``tree_budget="auto"`` between priced steps. After its first priced steps (`TreeSizer`: the cost rule
+on every expansion) the sizing holds one tree size for several steps and picks that size from measured throughput:
+`SizeLadder` keeps each size's tokens per second over its recent steps, exploits the best, and now and then tries a
+neighbour (half or double). `HeldSize` grows the held size as a fixed budget grows.
+
+Why: pricing every expansion is ~1 ms of Python a step (3% of a 35 ms compiled step), and its per-step choices lost
+to a fixed tree of the size it chose on average (0.92x of the best fixed size in a committed run), because what the
+cost model misses (how a policy's nodes accept at each size, the host work of wide trees) the measured rate includes.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+
+from ..tree import DraftTree, top_by_score
+from .sizer import AUTO_MAX_CHILDREN
+
+#: a held step expands again while the nodes it would expand hold at least this much draft probability (SALF's
+#: default threshold, the rule its fixed budgets grow by)
+HELD_EXPAND_MASS = 0.6
+
+
+@dataclass
+class HeldSize:
+    """The `StepBudget` of a held step (`SizeLadder`'s size), grown as a fixed budget grows, without pricing each
+    expansion: it expands again while the nodes to expand hold `HELD_EXPAND_MASS` of draft probability, and keeps
+    its best ``max_nodes`` nodes.
+
+    Attributes:
+        max_nodes: draft nodes the tree keeps (its best by draft score).
+        shape: the ``(k, l)`` of a sampled policy's tree (None: a step without drafts).
+    """
+
+    max_nodes: int
+    shape: tuple[int, int] | None = None
+    max_children: int = AUTO_MAX_CHILDREN
+    expansions: int = 0
+
+    def in_best_prefix(self, tree: DraftTree, nodes: torch.Tensor, members: torch.Tensor | None = None
+                       ) -> torch.Tensor:
+        return torch.ones(nodes.numel(), dtype=torch.bool)
+
+    def expand_again(self, tree: DraftTree, expand: torch.Tensor, members: torch.Tensor | None = None) -> bool:
+        if self.expansions >= self.max_nodes:
+            return False
+        if self.expansions and float(tree.scores[expand].exp().sum()) < HELD_EXPAND_MASS:
+            return False
+        self.expansions += 1
+        return True
+
+    def prune(self, tree: DraftTree) -> DraftTree:
+        return top_by_score(tree, self.max_nodes)
+
+    def choose_shape(self, nodes_of, max_k: int, max_l: int) -> tuple[int, int] | None:
+        if self.shape is None:
+            return None
+        return min(self.shape[0], max_k), min(self.shape[1], max_l)
+
+
+#: the tree sizes (draft nodes) the ladder holds
+LADDER = (1, 2, 4, 8, 16, 32)
+#: one held step in this many tries a neighbour of the best size (alternately half and double)
+EXPLORE_EVERY = 8
+#: weight kept per observation of a size's rate (a window of ~30 of its steps)
+LADDER_DECAY = 0.97
+
+
+@dataclass
+class SizeLadder:
+    """The held size, chosen by measured tokens per second among `LADDER` sizes (each step's whole wall time).
+
+    Attributes:
+        best: the size exploited (starts at the ladder size nearest what the priced steps chose).
+        tokens / seconds: decayed sums per size of the steps that held it.
+    """
+
+    best: int
+    tokens: dict[int, float] = field(default_factory=dict)
+    seconds: dict[int, float] = field(default_factory=dict)
+    steps: int = 0
+    _down: bool = True
+
+    @classmethod
+    def near(cls, nodes: float) -> "SizeLadder":
+        """A ladder starting at the size nearest ``nodes`` (in ratio)."""
+        return cls(min(LADDER, key=lambda size: abs(math.log(size / max(nodes, 0.5)))))
+
+    def rate(self, size: int) -> float | None:
+        seconds = self.seconds.get(size, 0.0)
+        return self.tokens[size] / seconds if seconds > 0 else None
+
+    def next(self) -> int:
+        """The size the next held step grows: the best, or every `EXPLORE_EVERY` steps a neighbour of it."""
+        self.steps += 1
+        if self.steps % EXPLORE_EVERY:
+            return self.best
+        i = LADDER.index(self.best)
+        self._down = not self._down
+        j = i - 1 if (self._down and i > 0) or i == len(LADDER) - 1 else i + 1
+        return LADDER[j]
+
+    def observe(self, size: int, tokens: int, seconds: float) -> None:
+        """A held step of ``size`` committed ``tokens`` in ``seconds``; the best size is the one of highest rate."""
+        if size not in LADDER or seconds <= 0:
+            return
+        self.tokens[size] = LADDER_DECAY * self.tokens.get(size, 0.0) + tokens
+        self.seconds[size] = LADDER_DECAY * self.seconds.get(size, 0.0) + seconds
+        rated = {s: r for s in LADDER if (r := self.rate(s)) is not None}
+        self.best = max(rated, key=rated.get)
+
+
+#: drafting steps priced by the cost rule before the ladder takes over (probes are always priced)
+PRICED_START = 8
+
+
+@dataclass
+class HeldSizes:
+    """What the held steps of one speed model grow (kept across generate calls with it): the sizes and shapes its
+    first `PRICED_START` priced steps chose, then the `SizeLadder` started from their median."""
+
+    priced: list[int] = field(default_factory=list)
+    shapes: Counter = field(default_factory=Counter)
+    ladder: SizeLadder | None = None
+
+    def record_priced(self, sizes: list[int], shape: tuple[int, int] | None) -> None:
+        """A priced step that drafted kept ``sizes`` nodes per row (and chose ``shape``, sampled policies)."""
+        self.priced.extend(sizes)
+        self.shapes[shape] += 1
+        if self.ladder is None and sum(self.shapes.values()) >= PRICED_START:
+            self.ladder = SizeLadder.near(statistics.median(self.priced))
+
+    def next(self) -> HeldSize | None:
+        """The next held step's budget, or None while the ladder has not started (the step is priced)."""
+        if self.ladder is None:
+            return None
+        return HeldSize(self.ladder.next(), self.shapes.most_common(1)[0][0])
+
+    def observe(self, held: HeldSize, tokens: int, seconds: float) -> None:
+        self.ladder.observe(held.max_nodes, tokens, seconds)
