@@ -317,9 +317,9 @@ def test_drafter_switched_off_by_a_bad_start_comes_back_after_a_probe():
     assert "probe" in good and good[-100:].count("skip") == 0 and speed.reprobe_every == REPROBE_EVERY
 
 
-def test_a_drafter_that_only_breaks_even_is_switched_off():
-    # a batch of 4 on a CPU: draft-free steps commit 4 tokens, drafted ones 6 in 1.5 times as long, the same tokens per
-    # second; ties go to the draft-free step (DRAFT_MARGIN), once the evidence is in
+def test_a_batch_drafter_that_loses_a_little_is_switched_off():
+    # a batch of 4 on a CPU: draft-free steps commit 4 tokens, drafted ones 6 in 1.58 times as long (5% fewer tokens
+    # per second): the ~100-step window of drafted steps tells that from breaking even
     speed = SpeedModel(curve(lambda n: PLAIN_STEP + 0.0005 * n), batch=4)
     free = dict(tree_scores=torch.zeros(0), on_path=torch.zeros(0, dtype=torch.bool), rows=1, context=256,
                 draft_seconds=0.0, draft_forwards=0, verify_seconds=PLAIN_STEP, tokens=4)
@@ -331,7 +331,7 @@ def test_a_drafter_that_only_breaks_even_is_switched_off():
             speed.observe_step(**free)
         else:
             speed.observe_step(tree_scores=torch.full((8,), -0.7), on_path=torch.arange(8) < 2, rows=3, context=256,
-                               draft_seconds=0.2 * PLAIN_STEP, draft_forwards=1, verify_seconds=1.3 * PLAIN_STEP,
+                               draft_seconds=0.2 * PLAIN_STEP, draft_forwards=1, verify_seconds=1.38 * PLAIN_STEP,
                                tokens=6)
     assert speed.gain.mean < 0
     assert "skip" in modes[:40] and modes.count("skip") > 150

@@ -39,9 +39,6 @@ STEP_DECAY = 0.95
 #: weight kept per drafted step by their gain statistics (a window of ~100 steps: a drafted step's tokens vary by ~1,
 #: so a window of 20 could not tell a drafter that loses 5% from one that breaks even)
 GAIN_DECAY = 0.99
-#: drafted steps must beat draft-free decoding by this share of their tokens to keep the drafter on: ties go to the
-#: draft-free step (a drafter that only breaks even adds variance and memory, and a batch of 4 on a CPU sat there)
-DRAFT_MARGIN = 0.02
 #: the drafter is switched off once the mean gain of at least MIN_EVIDENCE drafted steps (decayed count) is below
 #: zero by SKIP_CONFIDENCE standard errors, one step's gain variance taken as at least GAIN_VARIANCE_FLOOR (tokens^2).
 #: A paying drafter's steps commit 1, 2, 3 ... tokens (variance ~1), so an unlucky start does not switch it off; a
@@ -317,9 +314,8 @@ class SpeedModel:
 
     @property
     def gain(self) -> GainEstimate:
-        """The drafted steps' gain over draft-free decoding at today's estimate of its rate (`plain_rate`), raised by
-        `DRAFT_MARGIN`: what drafting must beat to stay on."""
-        return self.steps.gain(self.plain_rate(self._context) * (1 + DRAFT_MARGIN))
+        """The drafted steps' gain over draft-free decoding at today's estimate of its rate (`plain_rate`)."""
+        return self.steps.gain(self.plain_rate(self._context))
 
     def drafting_loses(self) -> bool:
         """Whether drafted steps have been slower than draft-free ones beyond noise: at least `MIN_EVIDENCE` of them

@@ -57,7 +57,8 @@ class TreeSizing:
         tree could beat a draft-free step (`TreeSizer.could_pay`, then priced per expansion). False: the step is a
         plain one and no policy runs."""
         mode = self.speed.step_mode(context_length)
-        self._held = self.speed.held.next() if mode == "size" else None
+        # a probe asks whether drafting pays again: at the best measured size, once the ladder has one
+        self._held = self.speed.held.next() if mode != "skip" else None
         if self._held is not None:
             return True
         sizer = TreeSizer(self.speed, context_length, mode=mode)
