@@ -2,8 +2,9 @@
 ``tree_budget="auto"``.
 
 It owns what sizing needs and the policy does not: the `SpeedModel` (measured step costs, the drafter's cost,
-acceptance by draft score), the draft-or-not decision before each step, the `StepBudget` each drafting row grows by
-(``StepContext.budget``), and the observation of every verified step. A policy only reads its step's budget, so a
+acceptance by draft score, the held sizes' measured throughput), the draft-or-not decision before each step, the
+`StepBudget` each drafting row grows by (``StepContext.budget``: priced per expansion by `TreeSizer` for the first
+drafting steps and probes, then a `HeldSize` from `SizeLadder`), and the observation of every verified step. A policy only reads its step's budget, so a
 policy written for numeric budgets is sized by the same rule, and the trainers, which grow fixed-size trees, never
 build one.
 """
@@ -80,8 +81,8 @@ class TreeSizing:
 
     def step_ended(self, other_seconds: float) -> None:
         """The pending step ended after ``other_seconds`` of host work past its verification (commits, emission):
-        its costs, the acceptance of its draft scores and, for a sampled shape, the acceptance per depth of that
-        shape. A drafted step's tail (every row's path through the drafter, several tokens emitted) is longer than
+        its costs, the acceptance of its draft scores, for a sampled shape the acceptance per depth of that shape,
+        and the step's tokens and wall time for its held size (or, priced, the sizes it kept). A drafted step's tail (every row's path through the drafter, several tokens emitted) is longer than
         a draft-free one's: leaving it out made drafting look cheaper than it is, at batch 4 by enough to keep
         drafting where every tree lost."""
         outcome, self._pending = self._pending, None
