@@ -17,6 +17,11 @@ if TYPE_CHECKING:
     from .tree import DraftTree
 
 AUTO = "auto"
+#: children drafted per expanded node under "auto" (`StepBudget.max_children`): a node's j-th most likely child has
+#: draft probability at most 1/j, and no measured cost curve let a row of acceptance 1/9 or less pay on its own;
+#: drafting the 96 a full tree could hold (the fixed policies' k = budget + 1) made every round's host bookkeeping
+#: several times a fixed tree's
+AUTO_MAX_CHILDREN = 8
 
 
 def is_auto(value) -> bool:

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..budget import AUTO_MAX_CHILDREN
 from ..tree import DraftTree, top_by_score
-from .sizer import AUTO_MAX_CHILDREN
 
 #: a held step expands again while the nodes it would expand hold at least this much draft probability (SALF's
 #: default threshold, the rule its fixed budgets grow by)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from ..budget import AUTO_MAX_CHILDREN
 from ..tree import DraftTree, top_by_score
 
 if TYPE_CHECKING:
@@ -31,10 +32,6 @@ if TYPE_CHECKING:
 AUTO_MAX_NODES = 96
 #: expansions looked ahead when deciding whether to expand again
 LOOKAHEAD = 4
-#: children drafted per expanded node under "auto": a node's j-th most likely child has draft probability at most 1/j,
-#: and no measured cost curve let a row of acceptance 1/9 or less pay on its own; drafting the 96 a full tree could
-#: hold (the fixed policies' k = budget + 1) made every round's host bookkeeping several times a fixed tree's
-AUTO_MAX_CHILDREN = 8
 #: shapes (k paths or siblings, l levels) the sampled policies choose from under "auto" (bounded by their kwargs)
 SHAPE_KS = (1, 2, 3, 4, 6, 8)
 SHAPE_LS = (1, 2, 3, 4, 5, 6, 8)
