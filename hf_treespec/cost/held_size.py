@@ -114,7 +114,7 @@ class SizeLadder:
         self.best = max(rated, key=rated.get)
 
 
-#: drafting steps priced by the cost rule before the ladder takes over (probes are always priced)
+#: drafting steps priced by the cost rule before the ladder takes over (probes too are priced until then)
 PRICED_START = 8
 
 
@@ -140,5 +140,6 @@ class HeldSizes:
             return None
         return HeldSize(self.ladder.next(), self.shapes.most_common(1)[0][0])
 
-    def observe(self, held: HeldSize, tokens: int, seconds: float) -> None:
-        self.ladder.observe(held.max_nodes, tokens, seconds)
+    def observe(self, size: int, tokens: int, seconds: float) -> None:
+        """A held step of ``size`` nodes committed ``tokens`` in ``seconds`` (its whole wall time)."""
+        self.ladder.observe(size, tokens, seconds)

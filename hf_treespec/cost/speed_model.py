@@ -358,8 +358,8 @@ class SpeedModel:
 
     def observe_step(self, *, tree_scores: torch.Tensor, on_path: torch.Tensor, rows: int, context: int,
                      draft_seconds: float, draft_forwards: int, verify_seconds: float, tokens: int,
-                     trees: int | None = None, other_seconds: float = 0.0, forward_seconds: float | None = None
-                     ) -> None:
+                     trees: int | None = None, other_seconds: float = 0.0, forward_seconds: float | None = None,
+                     held_size: int | None = None) -> None:
         """One verified step: ``tree_scores``/``on_path`` of its draft nodes (root excluded), ``rows`` verified per
         tree (root included), measured draft / verify time, tokens committed. A step whose drafter ran counts as
         drafted even when the cost rule then kept no node: it paid for the drafter. A batch step is observed once,
@@ -368,8 +368,9 @@ class SpeedModel:
         row when the drafter does not batch rows), draft seconds and tokens summed over rows, so drafted and
         draft-free steps are compared at the batch's own throughput. ``other_seconds``: the step's host work after
         verification (commits, emission); ``forward_seconds``: the target forward alone, within ``verify_seconds``
-        (the curve learns from it; the rest of ``verify_seconds`` and ``other_seconds`` are the step's host work).
-        A step costs its whole wall time: every decision compares draft + verify + other seconds."""
+        (the curve learns from it; the rest of ``verify_seconds`` and ``other_seconds`` are the step's host work);
+        ``held_size``: the size the step held (`HeldSizes`), whose measured rate it updates. A step costs its whole
+        wall time: every decision compares draft + verify + other seconds."""
         self._context = context
         probing = bool(draft_forwards) and self._probing(context)  # the mode this step ran in, before any update
         # a batch whose rows finished runs narrower, cheaper steps that commit fewer tokens: neither its curve nor
@@ -379,8 +380,8 @@ class SpeedModel:
         forward = verify_seconds if forward_seconds is None else forward_seconds
         if full and (verify_seconds > 0 or other_seconds > 0):
             # host work: the step's verification past the forward, its tail and, without a drafter, its sizing check
-            drafting = draft_seconds if draft_forwards else 0.0
-            self._host[rows > 1].add(max(verify_seconds - forward, 0.0) + other_seconds + draft_seconds - drafting)
+            check = 0.0 if draft_forwards else draft_seconds
+            self._host[rows > 1].add(max(verify_seconds - forward, 0.0) + other_seconds + check)
         if full:
             self.curve.observe(rows, context, forward)
         if draft_forwards and full:
@@ -388,6 +389,8 @@ class SpeedModel:
         if rows > 1:
             self.acceptance.observe(tree_scores, on_path)
         total = draft_seconds + verify_seconds + other_seconds
+        if held_size is not None and full and total > 0:
+            self.held.observe(held_size, tokens, total)
         if not draft_forwards:
             self._since_draft += 1
             if total > 0:

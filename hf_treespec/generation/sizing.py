@@ -3,10 +3,10 @@
 
 It owns what sizing needs and the policy does not: the `SpeedModel` (measured step costs, the drafter's cost,
 acceptance by draft score, the held sizes' measured throughput), the draft-or-not decision before each step, the
-`StepBudget` each drafting row grows by (``StepContext.budget``: priced per expansion by `TreeSizer` for the first
-drafting steps and probes, then a `HeldSize` from `SizeLadder`), and the observation of every verified step. A policy only reads its step's budget, so a
-policy written for numeric budgets is sized by the same rule, and the trainers, which grow fixed-size trees, never
-build one.
+`StepBudget` each drafting row grows by (``StepContext.budget``: priced per expansion by `TreeSizer` until the
+first drafting steps chose where `SizeLadder` starts, then a `HeldSize`), and the observation of every verified step.
+A policy only reads its step's budget, so a policy written for numeric budgets is sized by the same rule, and the
+trainers, which grow fixed-size trees, never build one.
 """
 
 from __future__ import annotations
@@ -82,19 +82,14 @@ class TreeSizing:
     def step_ended(self, other_seconds: float) -> None:
         """The pending step ended after ``other_seconds`` of host work past its verification (commits, emission):
         its costs, the acceptance of its draft scores, for a sampled shape the acceptance per depth of that shape,
-        and the step's tokens and wall time for its held size (or, priced, the sizes it kept). A drafted step's tail (every row's path through the drafter, several tokens emitted) is longer than
-        a draft-free one's: leaving it out made drafting look cheaper than it is, at batch 4 by enough to keep
-        drafting where every tree lost."""
+        and the step's tokens and wall time for its held size (or, priced, the sizes it kept). A drafted step's tail
+        (every row's path through the drafter, several tokens emitted) is longer than a draft-free one's: leaving it
+        out made drafting look cheaper than it is, at batch 4 by enough to keep drafting where every tree lost."""
         outcome, self._pending = self._pending, None
         if outcome is None:
             return
         speed = self.speed
-        full = len(outcome.trees) == speed.batch
-        if self._held is not None:
-            if full:
-                speed.held.observe(self._held, outcome.tokens,
-                                   outcome.draft_seconds + outcome.verify_seconds + other_seconds)
-        elif outcome.draft_rounds and self._step is not None and self._step.mode == "size":
+        if self._held is None and outcome.draft_rounds and self._step is not None and self._step.mode == "size":
             speed.held.record_priced([tree.num_nodes - 1 for tree in outcome.trees],
                                      Counter(outcome.shapes).most_common(1)[0][0])
         for shape, path in zip(outcome.shapes, outcome.accepted):
@@ -107,4 +102,5 @@ class TreeSizing:
             draft_forwards=outcome.draft_rounds, verify_seconds=outcome.verify_seconds, tokens=outcome.tokens,
             trees=len(outcome.trees), other_seconds=other_seconds,
             forward_seconds=outcome.forward_seconds if outcome.forward_seconds > 0 else None,
+            held_size=None if self._held is None else self._held.max_nodes,
         )

@@ -3,8 +3,9 @@
 It turns the boundaries into what its readers use: the policy's running latencies (`StepContext.draft_seconds` /
 ``target_seconds``, when the policy asks for ``"latencies"``), each step's draft / verify seconds (`StepOutcome`) and
 the totals of ``return_dict_in_generate``, and the host time each step spends after its verification (``step_other``:
-commits, emission, the next step's context), which the auto sizing adds to what the step cost. Its clock syncs the device only when enabled (`Clock`): when the caller
-wants the numbers or the policy reads them; otherwise every boundary costs nothing and every duration is 0.
+commits, emission, the next step's context), which the auto sizing adds to what the step cost. Its clock syncs the
+device only when enabled (`Clock`): when the caller wants the numbers or the policy reads them; otherwise every
+boundary costs nothing and every duration is 0.
 """
 
 from __future__ import annotations
