@@ -123,7 +123,9 @@ def save_final(trainer, output_dir: str, summary: dict[str, Any]) -> None:
 
     ``trainer.save_model`` writes from the main process only (with FSDP / DeepSpeed every process takes part in
     gathering the sharded weights first), the main process writes and prints the summary, and every process waits
-    until both are on disk before the command returns.
+    until both are on disk before the command returns. The run ends there: trackers finish and the process group is
+    destroyed, since a process that exits holding a gloo group can abort in its teardown (``terminate called without
+    an active exception``) and fail a run that trained and saved.
     """
     import json
 
@@ -134,6 +136,7 @@ def save_final(trainer, output_dir: str, summary: dict[str, Any]) -> None:
     if trainer.is_world_process_zero():
         print(json.dumps(summary))
     trainer.accelerator.wait_for_everyone()
+    trainer.accelerator.end_training()
 
 
 @dataclass
