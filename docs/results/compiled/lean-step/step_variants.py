@@ -17,7 +17,9 @@ dtype = getattr(torch, os.environ.get("DTYPE", "")) if os.environ.get("DTYPE") e
 only = sys.argv[1:] or ["baseline", "lean", "lean_noprepack"]
 OPTS = {"baseline": (("freezing", True), ("max_autotune", True)),
         "lean": (("freezing", True), ("max_autotune", True)),
-        "lean_noprepack": (("cpp.weight_prepack", False), ("freezing", True), ("max_autotune", True))}
+        "lean_noprepack": (("cpp.weight_prepack", False), ("freezing", True), ("max_autotune", True)),
+        # the graph called through inductor's C++ wrapper: no Python between its ~500 kernels
+        "lean_cppwrap": (("cpp_wrapper", True), ("freezing", True), ("max_autotune", True))}
 variants = {}
 for name in only:
     model, tok = load_target("smollm2-135m-instruct", dtype=dtype)
