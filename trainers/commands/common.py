@@ -123,9 +123,8 @@ def save_final(trainer, output_dir: str, summary: dict[str, Any]) -> None:
 
     ``trainer.save_model`` writes from the main process only (with FSDP / DeepSpeed every process takes part in
     gathering the sharded weights first), the main process writes and prints the summary, and every process waits
-    until both are on disk before the command returns. The run ends there: trackers finish and the process group is
-    destroyed, since a process that exits holding a gloo group can abort in its teardown (``terminate called without
-    an active exception``) and fail a run that trained and saved.
+    until both are on disk. Trackers then finish (``end_training``). A run of several processes ends its process
+    there (`end_distributed_process`): everything is written.
     """
     import json
 
@@ -137,6 +136,26 @@ def save_final(trainer, output_dir: str, summary: dict[str, Any]) -> None:
         print(json.dumps(summary))
     trainer.accelerator.wait_for_everyone()
     trainer.accelerator.end_training()
+    if trainer.accelerator.num_processes > 1:
+        end_distributed_process()
+
+
+def end_distributed_process() -> None:
+    """Ends a process of a multi-process run, its output flushed, without tearing down torch's process group.
+
+    Why: on CPU (gloo, torch 2.13) that teardown can hang or abort after a run that trained and saved. Freeing the DDP
+    reducer joins the group's worker thread while holding the GIL, and that worker may still be freeing a finished
+    collective's tensors, for which it waits for the GIL (seen as a hang, in ``~ProcessGroupGloo`` joining a worker
+    blocked in ``~AsyncAllgatherWork``); at interpreter exit the same work aborts the process (``terminate called
+    without an active exception``). Both failed CI's two-process tests now and then.
+    """
+    import logging
+    import os
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 @dataclass
