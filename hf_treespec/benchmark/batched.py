@@ -165,9 +165,9 @@ def _count_identical(methods: list[BenchMethod], batch_rows: dict[str, list[torc
 
     for method in methods[1:]:
         rows, record = batch_rows[method.name], results[method.name]
-        reference = identity_reference(method.name, method.compiled, batch_rows)
+        reference = identity_reference(method.name, method.compile_backend, batch_rows)
         record.identical_rows = (record.identical_rows or 0) + same(rows, batch_rows[reference])
-        if reference == COMPILED_BASELINE:
+        if reference != BASELINE:
             record.identical_eager_rows = (record.identical_eager_rows or 0) + same(rows, batch_rows[BASELINE])
 
 

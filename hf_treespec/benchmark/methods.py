@@ -44,6 +44,9 @@ DRAFTER_SETTING = "drafter"
 #: the target's steps through its compiled forward (`hf_treespec.compiled`: ``generate(compile_config=...)``);
 #: ``plain@compile=true`` is plain decoding through those same compiled graphs, the baseline of compiled tree rows
 COMPILE_SETTING = "compile"
+#: the values ``@compile=`` takes besides true / false: a named compile backend (``openvino``: the OpenVINO step,
+#: `hf_treespec.compiled.openvino_step`)
+COMPILE_BACKENDS = ("inductor", "openvino")
 #: assistant-side settings that transformers reads from ``assistant_model.generation_config``, not generate kwargs
 ASSISTANT_CONFIG_KEYS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
 
@@ -109,10 +112,23 @@ class BenchMethod:
         return kwargs
 
     @property
+    def compile_backend(self) -> str | None:
+        """How this method runs the target's steps: ``"inductor"`` (``@compile=true`` or ``--set ...compile=true``:
+        hf_treespec's compiled forward), ``"openvino"`` (``@compile=openvino``: the OpenVINO step), None (eager)."""
+        value = {**self.overrides, **self.settings}.get(COMPILE_SETTING, False)
+        if value is True or value == "inductor":
+            return "inductor"
+        if value is False or value is None:
+            return None
+        if value not in COMPILE_BACKENDS:
+            raise ValueError(f"method {self.name!r}: {COMPILE_SETTING}={value!r} is not one of true, false, "
+                             f"{', '.join(COMPILE_BACKENDS)}.")
+        return str(value)
+
+    @property
     def compiled(self) -> bool:
-        """Whether this method runs the target's steps through the compiled forward (``@compile=true`` or
-        ``--set ...compile=true``)."""
-        return bool({**self.overrides, **self.settings}.get(COMPILE_SETTING, False))
+        """Whether this method runs the target's steps through a compiled forward or engine (`compile_backend`)."""
+        return self.compile_backend is not None
 
     @property
     def drafter_spec(self) -> str | None:
@@ -156,8 +172,9 @@ class BenchMethod:
         """Every kwarg of this method's ``generate`` call: the shared ones, the method's own, its settings."""
         kwargs = {**generate_kwargs, **self.method_kwargs(drafter), **self.generate_overrides,
                   "return_dict_in_generate": True}
-        if self.compiled:
-            kwargs["compile_config"] = CompileConfig()
+        backend = self.compile_backend
+        if backend is not None:
+            kwargs["compile_config"] = CompileConfig() if backend == "inductor" else CompileConfig(backend=backend)
         return {k: v for k, v in kwargs.items() if k not in ASSISTANT_CONFIG_KEYS}
 
     def collect(self, out: Any, prompt_len: int, seconds: float) -> RunOutput:

@@ -16,11 +16,20 @@ BASELINE = "plain"
 COMPILED_BASELINE = "plain@compile=true"
 
 
-def identity_reference(method: str, compiled: bool, names) -> str:
-    """The run a method's greedy tokens are held to: plain decoding through the same forward, i.e.
-    `COMPILED_BASELINE` for a compiled method when the run (``names``) has it, else `BASELINE`."""
-    if compiled and method != COMPILED_BASELINE and COMPILED_BASELINE in names:
-        return COMPILED_BASELINE
+def plain_reference(backend: str | None) -> str:
+    """The plain row of a compile backend: `COMPILED_BASELINE` for inductor (``@compile=true``),
+    ``plain@compile=<backend>`` for another (``openvino``), `BASELINE` for eager (None)."""
+    if backend is None:
+        return BASELINE
+    return COMPILED_BASELINE if backend == "inductor" else f"plain@compile={backend}"
+
+
+def identity_reference(method: str, backend: str | bool | None, names) -> str:
+    """The run a method's greedy tokens are held to: plain decoding through the same forward, i.e. the plain row of
+    its compile ``backend`` (True: inductor; `plain_reference`) when the run (``names``) has it, else `BASELINE`."""
+    reference = plain_reference("inductor" if backend is True else backend or None)
+    if method != reference and reference in names:
+        return reference
     return BASELINE
 
 

@@ -255,7 +255,7 @@ def run_benchmark(
     with torch_threads(config.threads), ForwardCounter(model) as counter:
         curve = _cost_curve(model) if config.cost_curve else None
         methods, skipped = _warm_up(config, methods, model, drafters, prompts[0], gen_kwargs)
-        compiled = _compiled_forward(model) if any(m.compiled for m in methods) else None
+        compiled = _compiled_forward(model) if any(m.compile_backend == "inductor" for m in methods) else None
         compiled_curve = _cost_curve(model, compiled) if config.cost_curve and compiled is not None else None
         runs = _timed_runs(config, methods, model, drafters, prompts, gen_kwargs, counter)
         records = _records(config, methods, questions, prompts, runs, model, tokenizer, gen_kwargs)
@@ -362,8 +362,9 @@ def _records(config, methods, questions, prompts, runs, model, tokenizer, gen_kw
     names = {m.name for m in methods}
     for qi, (question, prompt) in enumerate(zip(questions, prompts)):
         plain_tokens = _median_run(runs[(BASELINE, qi)])[0].tokens
-        compiled_tokens = (_median_run(runs[(COMPILED_BASELINE, qi)])[0].tokens
-                           if COMPILED_BASELINE in names else None)
+        # each compile backend's plain row in this run: what that backend's methods are held to
+        references = {name: _median_run(runs[(name, qi)])[0].tokens for name in names
+                      if name == COMPILED_BASELINE or name.startswith("plain@compile=")}
         for method in methods:
             output, forwards, median = _median_run(runs[(method.name, qi)])
             tokens = output.tokens
@@ -390,8 +391,9 @@ def _records(config, methods, questions, prompts, runs, model, tokenizer, gen_kw
             if config.greedy and method.name != BASELINE:
                 # a compiled method is held to plain decoding through the same compiled forward (compiled kernels
                 # round differently from eager ones), and to eager plain generate beside it
-                same_path = identity_reference(method.name, method.compiled, names) == COMPILED_BASELINE
-                reference = compiled_tokens if same_path else plain_tokens
+                path = identity_reference(method.name, method.compile_backend, names)
+                same_path = path == COMPILED_BASELINE  # the logits at a divergence: eager, or that compiled forward
+                reference = references.get(path, plain_tokens)
                 record.identical = torch.equal(tokens, reference)
                 if method.compiled:
                     record.identical_eager = torch.equal(tokens, plain_tokens)

@@ -79,8 +79,13 @@ class TreeDecodingLoop:
         self.batch = input_ids.shape[0]
         self.cache, self.input_ids, self.device = cache, input_ids, input_ids.device
         self.windows = prepare(model, cache, role="target model")  # sliding layers full-length; windows in the masks
+        self.needs = self.policy.context_needs
+        self.layers = tuple(drafter.target_layers or ())
+        # the target's pre-norm last state is captured (after the drafter's layers) only for policies that read it
+        captured = self.layers + ((-1,) if "target_hidden" in self.needs else ())
         compiled = compiled_for_generation(model, cache, generation_config, sliding=self.windows is not None,
-                                           batch=self.batch)
+                                           batch=self.batch, layers=captured,
+                                           unpadded=bool(self.prompt_mask.all()))
         self.temperature, self.top_p = sampling_params(generation_config)
         setup = DecodingSetup(model, drafter, self.temperature, self.top_p, batch=self.batch, compiled=compiled)
         self.policy.setup(setup)
@@ -88,7 +93,7 @@ class TreeDecodingLoop:
         pads = (~self.prompt_mask).sum(-1).tolist()
         self.rows = [RowState(i, input_ids[i : i + 1], drafter if i == 0 else fork_drafter(drafter, assistant_model, model),
                               processors_for_rows(logits_processor, i), pads=pads[i]) for i in range(self.batch)]
-        if compiled is not None:
+        if compiled is not None and not getattr(compiled, "owns_cache", False):  # an engine's drafter stays eager
             for row in self.rows:
                 row.drafter.use_compiled(compiled.settings)
         self.logits_processor, self.stopping_criteria, self.streamer = logits_processor, stopping_criteria, streamer
@@ -97,16 +102,12 @@ class TreeDecodingLoop:
         self.want_dict = generation_config.return_dict_in_generate
         self.want_scores = self.want_dict and generation_config.output_scores
         self.want_logits = self.want_dict and generation_config.output_logits
-        self.needs = self.policy.context_needs
         self.mask_dtype = model.dtype  # read once: the property walks the parameters
-        self.kv = target_kv(cache, self.prompt_mask, self.windows)
+        self.kv = target_kv(cache, self.prompt_mask, self.windows, engine=compiled)
         # the clock syncs the device only when someone reads its numbers: the caller (return_dict_in_generate), the
         # sizing (auto budgets learn from measured time) or the policy ("latencies" in its context_needs)
         timing = self.want_dict or self.sizing is not None or "latencies" in self.needs
         self.timer = LoopTimer(self.device, enabled=timing, latencies="latencies" in self.needs)
-        self.layers = tuple(drafter.target_layers or ())
-        # the target's pre-norm last state is captured (after the drafter's layers) only for policies that read it
-        captured = self.layers + ((-1,) if "target_hidden" in self.needs else ())
         self.target = TargetForward(model, cache, captured, compiled)
         self.root_only = torch.zeros(1, dtype=torch.long)  # the accepted path of a root-only tree
         self.draft_forwards = 0

@@ -15,6 +15,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..attention import additive_mask
 from ..compat import CACHE_KWARG
+from ..kv.stateful_kv import StatefulKV
 from .config import GENERATE_ONLY_KWARGS
 from .components import returns_outside_inference_mode
 from .target import TargetForward, compiled_for_generation
@@ -40,7 +41,9 @@ def plain_decoding(
     if prompt_mask is None:
         prompt_mask = torch.ones_like(input_ids)
     sliding = any(getattr(layer, "is_sliding", False) for layer in cache.layers)
-    target = TargetForward(model, cache, (), compiled_for_generation(model, cache, generation_config, sliding, batch))
+    compiled = compiled_for_generation(model, cache, generation_config, sliding, batch,
+                                       unpadded=bool(prompt_mask.all()))
+    target = TargetForward(model, cache, (), compiled)
     want_dict = generation_config.return_dict_in_generate
     scores = () if (want_dict and generation_config.output_scores) else None
     raw_logits = () if (want_dict and generation_config.output_logits) else None
@@ -76,6 +79,8 @@ def plain_decoding(
         # [B, n] columns a one-token step attends to: its [B, 1, 1, n] additive mask when compiled
         mask = additive_mask(columns, model.dtype)[:, None, None, :] if target.explicit_masks else columns.long()
         logits, _ = target.step(tokens[:, None], position, mask)
+    if target.engine is not None:  # the cache as eager decoding leaves it: every fed row
+        StatefulKV(target.engine, cache, target.engine.held).finish(torch.tensor([target.engine.held + 1]))
     if streamer is not None:
         streamer.end()
     if not want_dict:

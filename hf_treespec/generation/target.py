@@ -13,8 +13,12 @@ from contextlib import nullcontext
 
 import torch
 
+from ..attention import causal_row_mask
 from ..compat import CACHE_KWARG
 from ..compiled import CompiledForward, compiled_forward_for, preallocate, settings_from_generation_config
+from ..compiled.openvino_step import BACKEND as OPENVINO
+from ..compiled.openvino_step import INSTALL_HINT as OPENVINO_INSTALL_HINT
+from ..compiled.openvino_step import OpenVINOStep, openvino_installed, openvino_step_for
 from ..features import capture_hidden_states
 
 logger = logging.getLogger(__name__)
@@ -23,10 +27,11 @@ logger = logging.getLogger(__name__)
 TREE_HEADROOM = 128
 
 
-def compiled_for_generation(model, cache, generation_config, sliding: bool, batch: int = 1
-                            ) -> CompiledForward | None:
+def compiled_for_generation(model, cache, generation_config, sliding: bool, batch: int = 1,
+                            layers: tuple[int, ...] = (), unpadded: bool = True):
     """The compiled forward a ``generate`` call asks for (``compile_config``; `settings_from_generation_config`),
-    with ``cache`` preallocated for it; None: eager. A sliding-window target stays eager (its windows live in
+    with ``cache`` preallocated for it, or the `OpenVINOStep` that ``CompileConfig(backend="openvino")`` asks for
+    (capturing decoder layers ``layers``); None: eager. A sliding-window target stays eager (its windows live in
     per-layer-type masks), with a warning, as does a model whose compilation failed (in this call or earlier in this
     process)."""
     device = next(model.parameters()).device
@@ -37,12 +42,34 @@ def compiled_for_generation(model, cache, generation_config, sliding: bool, batc
         logger.warning("hf_treespec: compile_config is ignored for a sliding-window target (its tree masks are one "
                        "per layer type); decoding with the eager forward.")
         return None
+    if settings.backend == OPENVINO:
+        return openvino_for_generation(model, settings, device, batch, layers, unpadded)
     compiled = compiled_forward_for(model, settings)
     compiled.warm_up(batch)  # compiles what this batch shape has not compiled yet, in a fixed order (see warm_up)
     if compiled.failure is not None:
         return None
     preallocate(cache, int(generation_config.max_length or 0) + TREE_HEADROOM)
     return compiled
+
+
+def openvino_for_generation(model, settings, device, batch: int, layers: tuple[int, ...], unpadded: bool
+                            ) -> OpenVINOStep | None:
+    """The `OpenVINOStep` of ``model``, or None (eager) with a warning that says why: OpenVINO not installed, a
+    model not on the CPU, a batch or padded prompt (the engine holds one sequence), or (warned once, by the engine)
+    an export or compilation that failed."""
+    reason = None
+    if not openvino_installed():
+        reason = f"OpenVINO is not installed ({OPENVINO_INSTALL_HINT})"
+    elif torch.device(device).type != "cpu":
+        reason = f"the model is on {device}, and the OpenVINO step runs on the CPU"
+    elif batch != 1 or not unpadded:
+        reason = "the OpenVINO step holds one unpadded sequence; this call has a batch or a padded prompt"
+    if reason is None:  # a failed export or compile warned once, when it failed; later calls decode eagerly
+        step = openvino_step_for(model, settings, layers)
+        return step if step.failure is None else None
+    logger.warning("hf_treespec: compile_config backend %r is not used: %s. Decoding with the eager forward.",
+                   OPENVINO, reason)
+    return None
 
 
 class TargetForward:
@@ -59,9 +86,22 @@ class TargetForward:
         """Whether every step must pass its 4D mask (compiled steps do: one graph for every step of a row count)."""
         return self.compiled is not None and self.compiled.failure is None
 
+    @property
+    def engine(self) -> OpenVINOStep | None:
+        """The engine that holds the target's cache (the OpenVINO step), or None (the cache is ``self.cache``)."""
+        return self.compiled if isinstance(self.compiled, OpenVINOStep) else None
+
     def prefill(self, **inputs) -> tuple[torch.Tensor, object]:
-        """The eager prompt forward (``inputs``: what the model takes besides the cache)."""
-        return self._eager(inputs)
+        """The prompt forward (``inputs``: what the model takes besides the cache): eager, or the engine's first
+        forward of a new sequence."""
+        engine = self.engine
+        if engine is None:
+            return self._eager(inputs)
+        ids = inputs["input_ids"]
+        engine.reset()
+        mask = causal_row_mask(ids.shape[1], ids.shape[1], torch.float32, ids.device)
+        logits = engine(ids, torch.arange(ids.shape[1], device=ids.device)[None], mask, last_only=True)
+        return logits, engine.states(self.layers)
 
     def step(self, input_ids, position_ids, attention_mask=None) -> tuple[torch.Tensor, object]:
         """One step's forward: ``input_ids`` / ``position_ids`` ``[B, q]``, ``attention_mask`` 4D (or None: causal,
@@ -71,6 +111,8 @@ class TargetForward:
             if attention_mask is not None:
                 inputs["attention_mask"] = attention_mask
             return self._eager(inputs)
+        if self.engine is not None:
+            return self.engine(input_ids, position_ids, attention_mask), self.engine.states(self.layers)
         logits = self.compiled(input_ids, position_ids, attention_mask, self.cache)
         return logits, self.compiled.states(self.layers)
 

@@ -17,6 +17,7 @@ from transformers import DynamicCache
 from ..attention import causal_row_mask
 from ..tree import DraftTree
 from .ragged import RaggedKV
+from .stateful_kv import StatefulKV
 from .tree_kv import TreeKV, keep_rows, to_device
 from .window import TreeWindows, tree_inputs
 
@@ -40,8 +41,12 @@ class TargetKV(Protocol):
         """Lays the cache out as the rows' ``sequences[:, :-1]`` (``lengths``: every original row's length)."""
 
 
-def target_kv(cache: DynamicCache, prompt_mask: torch.Tensor, windows: TreeWindows | None) -> TargetKV:
-    """`OneRowKV` for one prompt without padding, else `RaggedKV`."""
+def target_kv(cache: DynamicCache, prompt_mask: torch.Tensor, windows: TreeWindows | None, engine=None
+              ) -> TargetKV:
+    """`StatefulKV` where an engine holds the cache (``engine.owns_cache``), else `OneRowKV` for one prompt without
+    padding, else `RaggedKV`."""
+    if getattr(engine, "owns_cache", False):
+        return StatefulKV(engine, cache, prompt_mask.shape[1])
     if prompt_mask.shape[0] == 1 and bool(prompt_mask.all()):
         return OneRowKV(cache, prompt_mask.shape[1], windows)
     return RaggedKV(cache, prompt_mask, windows)

@@ -1,0 +1,330 @@
+"""`OpenVINOStep`: the target's forward run by OpenVINO's CPU runtime, its KV cache kept in place inside the engine.
+
+``compile_config=CompileConfig(backend="openvino")`` selects it. Why an engine of its own rather than a
+``torch.compile`` backend: OpenVINO's fast decoding keeps the KV cache inside the compiled model (a *stateful* model:
+each forward appends its rows to the cache, and the attention reads it where it lies), which a graph that takes the
+cache as an input cannot do (it copies the whole cache in every step). What this module does:
+
+- converts ``model`` once per machine (`ov.convert_model` over a wrapper that takes ``input_ids``, ``position_ids``, a
+  4D additive mask and the past KV, and returns the logits, the new KV and the outputs of the decoder layers a
+  drafter reads), makes it stateful (past KV inputs tied to the new KV outputs), and saves the IR under
+  ``<cache>/openvino-steps/<key>``; the key covers the weights, the config, the captured layers and the versions of
+  torch, transformers and OpenVINO. A later process reads the IR and compiles it for this CPU in seconds.
+- takes every step's mask explicitly, over every row the engine's cache holds: a tree step appends all its rows, and
+  the rows the verifier rejects stay in the cache, masked out of every later step (`hf_treespec.kv.stateful_kv`), so
+  nothing is copied to drop them.
+
+The engine holds one sequence (batch 1). Eager decoding is the fallback, with one warning, where OpenVINO is not
+installed or the conversion fails.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import importlib.util
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..features import CapturedStates, decoder_layers
+from ..paths import default_cache_dir
+
+logger = logging.getLogger(__name__)
+
+#: the ``CompileConfig.backend`` name that selects this engine
+BACKEND = "openvino"
+INSTALL_HINT = 'pip install "openvino>=2026.4,<2026.5"'
+#: where a model instance keeps its engines (one per captured-layer tuple)
+_STORE = "_treespec_openvino_steps"
+IR_FILE = "step.xml"
+PROVENANCE_FILE = "hf_treespec_step.json"
+
+
+def openvino_installed() -> bool:
+    try:
+        return importlib.util.find_spec("openvino") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _layer_outputs(model: torch.nn.Module, layers: tuple[int, ...]) -> list[int]:
+    count = len(decoder_layers(model))
+    return [layer % count for layer in layers]
+
+
+class _StepGraph(torch.nn.Module):
+    """What is converted: one forward over a cache given as tensors, returning the logits, each layer's new KV and
+    the captured decoder-layer outputs (hooks registered for the trace only)."""
+
+    def __init__(self, model: torch.nn.Module, layers: list[int]):
+        super().__init__()
+        self.model, self.layers = model, layers
+
+    def forward(self, input_ids, position_ids, attention_mask, logit_rows, past):
+        from transformers import DynamicCache
+
+        from ..compat import CACHE_KWARG
+
+        cache = DynamicCache(config=self.model.config)
+        for layer, (keys, values) in zip(cache.layers, past):
+            # filled directly: ``cache.update`` would not trace to a cache input
+            layer.keys, layer.values, layer.dtype, layer.device = keys, values, keys.dtype, keys.device
+            layer.is_initialized = True
+        captured: dict[int, torch.Tensor] = {}
+        blocks = decoder_layers(self.model)
+        hooks = [blocks[i].register_forward_hook(
+            lambda module, args, output, i=i: captured.__setitem__(i, output[0] if isinstance(output, tuple) else output))
+            for i in set(self.layers)]
+        try:
+            out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
+                             logits_to_keep=logit_rows, use_cache=True, **{CACHE_KWARG: cache})
+        finally:
+            for hook in hooks:
+                hook.remove()
+        present = tuple((layer.keys, layer.values) for layer in cache.layers)
+        return out.logits, tuple(captured[i] for i in self.layers), present
+
+
+def weights_fingerprint(model: torch.nn.Module) -> str:
+    """A digest of the weights: every tensor's name, shape and dtype, and a strided sample of its values (a full
+    hash of a large model would cost seconds in every process)."""
+    digest = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        flat = tensor.detach().reshape(-1)
+        sample = flat[:: max(1, flat.numel() // 4096)].float().cpu().numpy()
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
+        digest.update(sample.tobytes())
+    return digest.hexdigest()
+
+
+def step_key(model: torch.nn.Module, layers: list[int]) -> dict:
+    """What an exported step is valid for."""
+    from importlib.metadata import version
+
+    import transformers
+
+    return {
+        "model": getattr(model, "name_or_path", "") or type(model).__name__,
+        "config_sha": hashlib.sha256(model.config.to_json_string(use_diff=False).encode()).hexdigest()[:16],
+        "weights": weights_fingerprint(model)[:24],
+        "layers": layers,
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "torch": torch.__version__, "transformers": transformers.__version__, "openvino": version("openvino"),
+    }
+
+
+def _half_types():
+    import openvino as ov
+
+    return {torch.bfloat16: ov.Type.bf16, torch.float16: ov.Type.f16}
+
+
+def _export(model: torch.nn.Module, layers: list[int], folder: Path) -> None:
+    """Converts ``model`` (an fp32 copy: OpenVINO chooses its own inference precision) and saves the stateful IR."""
+    import openvino as ov
+    import openvino.opset13 as ops
+    from openvino._offline_transformations import apply_make_stateful_transformation
+
+    half_types = _half_types()
+
+    config = model.config.get_text_config()
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+    count = len(decoder_layers(model))
+    past_len, rows = 5, 3
+    example = {
+        "input_ids": torch.zeros(1, rows, dtype=torch.long),
+        "position_ids": torch.arange(past_len, past_len + rows)[None],
+        "attention_mask": torch.zeros(1, 1, rows, past_len + rows),
+        "logit_rows": torch.arange(rows),
+        "past": tuple((torch.randn(1, kv_heads, past_len, head_dim), torch.randn(1, kv_heads, past_len, head_dim))
+                      for _ in range(count)),
+    }
+    # the copy leaves out what processes attach to the model (engines, compiled forwards): not copyable, not weights
+    attached = {id(value): {} for key, value in vars(model).items() if key.startswith("_treespec_")}
+    fp32 = copy.deepcopy(model, memo=attached).float().eval()
+    with torch.no_grad():
+        converted = ov.convert_model(_StepGraph(fp32, layers), example_input=example)
+    del fp32
+    inputs, outputs = converted.inputs, converted.outputs
+    for i in range(count):
+        for j, kind in enumerate(("key", "value")):
+            inputs[4 + 2 * i + j].get_tensor().set_names({f"past_{kind}_{i}"})
+            outputs[1 + len(layers) + 2 * i + j].get_tensor().set_names({f"present_{kind}_{i}"})
+    outputs[0].get_tensor().set_names({"logits"})
+    for slot in range(len(layers)):
+        outputs[1 + slot].get_tensor().set_names({f"layer_{slot}"})
+        if model.dtype in half_types:
+            # captured layers leave the engine in the model's dtype: an fp32 output would keep the whole residual
+            # stream in fp32 (the CPU runtime propagates an output's precision upstream; measured: 4 rows 25 ms
+            # instead of 20)
+            result = outputs[1 + slot].get_node()
+            converted_output = ops.convert(result.input_value(0), half_types[model.dtype])
+            result.input(0).replace_source_output(converted_output.output(0))
+    apply_make_stateful_transformation(
+        converted, {f"past_{kind}_{i}": f"present_{kind}_{i}" for i in range(count) for kind in ("key", "value")})
+    # an empty cache of the batch's size to start from, and a beam index on every cache read: the CPU runtime
+    # fuses this pattern (cache read, gather, concat, attention) into attention over the cache in place
+    batch = ops.gather(ops.shape_of(converted.input("input_ids"), output_type="i64"),
+                       ops.constant(np.array([0], np.int64)), ops.constant(np.int64(0)))
+    beam = ops.parameter(ov.PartialShape([-1]), ov.Type.i32, name="beam_idx")
+    beam.output(0).get_tensor().set_names({"beam_idx"})
+    converted.add_parameters([beam])
+    for op in converted.get_ops():
+        if op.get_type_name() != "ReadValue":
+            continue
+        shape = ops.concat([batch, ops.constant(np.array([kv_heads, 0, head_dim], np.int64))], 0)
+        op.set_arguments([ops.broadcast(ops.constant(np.float32(0)), shape)])
+        readers = list(op.output(0).get_target_inputs())
+        gathered = ops.gather(op.output(0), beam.output(0), ops.constant(np.int64(0)))
+        for reader in readers:
+            reader.replace_source_output(gathered.output(0))
+    converted.validate_nodes_and_infer_types()
+    folder.mkdir(parents=True, exist_ok=True)
+    ov.save_model(converted, folder / IR_FILE, compress_to_fp16=False)
+
+
+def _ir_folder(model: torch.nn.Module, layers: list[int]) -> tuple[Path, float | None]:
+    """The cached IR of ``model`` (exported now when missing; the seconds that took, else None)."""
+    key = step_key(model, layers)
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    folder = default_cache_dir() / "openvino-steps" / digest
+    if (folder / PROVENANCE_FILE).is_file():
+        return folder, None
+    logger.warning("hf_treespec: exporting the target's forward to OpenVINO (once per machine and model; seconds "
+                   "to a minute) into %s.", folder)
+    start = time.perf_counter()
+    staging = folder.with_name(folder.name + f".tmp{int(time.time() * 1e6)}")
+    _export(model, layers, staging)
+    (staging / PROVENANCE_FILE).write_text(json.dumps(key, indent=1))
+    if folder.exists():  # another process finished first
+        import shutil
+
+        shutil.rmtree(staging, ignore_errors=True)
+    else:
+        staging.rename(folder)
+    return folder, time.perf_counter() - start
+
+
+def _to_torch(tensor) -> torch.Tensor:
+    """A copy of an OpenVINO output tensor (its buffer is reused by the next inference). OpenVINO's numpy view of a
+    bf16 tensor is typed float16: its bits are reinterpreted."""
+    import openvino as ov
+
+    data = tensor.data
+    if tensor.element_type == ov.Type.bf16:
+        return torch.from_numpy(data.view(np.int16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(data.copy())
+
+
+@dataclass(eq=False)
+class OpenVINOStep:
+    """The target's forwards through OpenVINO for one sequence, its KV cache inside the engine.
+
+    ``__call__`` appends a step's rows to the cache and returns their logits; `states` reads the captured layers.
+    Attributes mirror `hf_treespec.compiled.CompiledForward`'s: ``failure`` (why the engine is not used) and
+    ``compile_seconds``.
+    """
+
+    model: torch.nn.Module
+    settings: object
+    layers: tuple[int, ...] = ()
+    failure: str | None = None
+    compile_seconds: dict[str, float] = field(default_factory=dict)
+    #: the engine holds the target's KV cache itself: the loop feeds it masks over the rows it holds
+    owns_cache = True
+
+    def __post_init__(self) -> None:
+        self._request = None
+        self._parts: list[torch.Tensor | None] = [None] * len(self.layers)
+        self.held = 0  # rows in the engine's cache
+        try:
+            self._compile()
+        except Exception as error:  # any export or compile failure: the loop decodes eagerly
+            self.failure = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+            logger.warning("hf_treespec: the OpenVINO target step is not available (%s); decoding with the eager "
+                           "forward instead.", self.failure)
+
+    def _compile(self) -> None:
+        import openvino as ov
+
+        folder, exported = _ir_folder(self.model, _layer_outputs(self.model, self.layers))
+        if exported is not None:
+            self.compile_seconds["export"] = exported
+        start = time.perf_counter()
+        core = ov.Core()
+        precision = "bf16" if self.model.dtype == torch.bfloat16 else "f16" if self.model.dtype == torch.float16 \
+            else "f32"
+        config = {"INFERENCE_NUM_THREADS": torch.get_num_threads(), "INFERENCE_PRECISION_HINT": precision,
+                  "KV_CACHE_PRECISION": precision, "PERFORMANCE_HINT": "LATENCY"}
+        compiled = core.compile_model(core.read_model(folder / IR_FILE), "CPU", config)
+        self._request = compiled.create_infer_request()
+        self._beam = np.zeros(1, np.int32)
+        self.compile_seconds["compile"] = time.perf_counter() - start
+        self.folder = folder
+
+    def reset(self) -> None:
+        """Empties the engine's cache (a new sequence)."""
+        self._request.reset_state()
+        self.held = 0
+
+    def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 last_only: bool = False) -> torch.Tensor:
+        """One forward of ``input_ids`` ``[1, q]`` at ``position_ids``; ``attention_mask`` ``[1, 1, q, held + q]``
+        (additive) covers every row the cache holds, then the new ones. Returns the logits ``[1, q, V]`` (``[1, 1,
+        V]``, the last row's, with ``last_only``: a prompt's)."""
+        rows = input_ids.shape[1]
+        if input_ids.shape[0] != 1 or attention_mask.shape[-1] != self.held + rows:
+            raise ValueError(f"an OpenVINO step takes one sequence and a mask over the {self.held} held rows and "
+                             f"the {rows} new ones; got input_ids {tuple(input_ids.shape)}, mask "
+                             f"{tuple(attention_mask.shape)}.")
+        request = self._request
+        request.infer({"input_ids": input_ids.numpy(), "position_ids": position_ids.numpy(),
+                       "attention_mask": attention_mask.float().numpy(), "beam_idx": self._beam,
+                       "logit_rows": np.arange(rows - 1 if last_only else 0, rows, dtype=np.int64)})
+        self.held += rows
+        # the output buffers are reused by the next inference: copied out
+        for slot in range(len(self.layers)):
+            self._parts[slot] = _to_torch(request.get_tensor(f"layer_{slot}"))
+        return torch.from_numpy(request.get_tensor("logits").data.copy())
+
+    def states(self, layers: tuple[int, ...]) -> CapturedStates | None:
+        """The captured decoder-layer outputs of the last forward (``layers`` must be the engine's)."""
+        if not layers:
+            return None
+        if tuple(layers) != self.layers:
+            raise ValueError(f"this OpenVINO step captures layers {self.layers}, not {tuple(layers)}.")
+        states = CapturedStates(len(layers))
+        states.parts = list(self._parts)
+        return states
+
+    def cache_rows(self, keep: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each layer's ``(keys, values)`` at the held rows ``keep`` (indices), in the model's dtype: the cache as
+        plain decoding leaves it."""
+        # the stateful transformation names each cache after its input and output: past_key_3present_key_3
+        states = {state.name: state for state in self._request.query_state()}
+        out = []
+        for i in range(len(states) // 2):
+            pair = []
+            for kind in ("key", "value"):
+                data = _to_torch(states[f"past_{kind}_{i}present_{kind}_{i}"].state)
+                pair.append(data[:, :, keep].to(self.model.dtype))
+            out.append(tuple(pair))
+        return out
+
+
+def openvino_step_for(model: torch.nn.Module, settings, layers: tuple[int, ...]) -> OpenVINOStep:
+    """The `OpenVINOStep` of ``model`` capturing ``layers``, kept on the model instance (one export and compile
+    per process at most)."""
+    from .forward import CompileSettings
+
+    store = model.__dict__.setdefault(_STORE, {})
+    if tuple(layers) not in store:
+        store[tuple(layers)] = OpenVINOStep(model, settings or CompileSettings(backend=BACKEND), tuple(layers))
+    return store[tuple(layers)]

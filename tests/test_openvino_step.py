@@ -1,0 +1,228 @@
+"""The OpenVINO target step (`hf_treespec.compiled.openvino_step`, ``CompileConfig(backend="openvino")``): its logits
+over trees with rejected rows held in the engine's cache, lossless decoding through it (greedy identity, sampling
+law), the cache it hands back, its on-disk export and the eager fallback.
+
+Greedy identity is held to plain decoding through the same engine (`plain_generate` with the same config), and, in
+fp32 on these tiny models, to eager plain ``generate`` too.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from transformers import CompileConfig, DynamicCache
+
+import hf_treespec
+from conftest import VOCAB, assert_drafted, perturbed_copy, tiny_llama
+from hf_treespec.attention import additive_mask
+from hf_treespec.compiled import openvino_step
+from hf_treespec.features import capture_hidden_states
+from hf_treespec.generation.plain import plain_generate
+from hf_treespec.tree import DraftTree
+from test_generate_sampling import PROMPT, WARP, chi_square_pvalue, exact_law
+
+pytest.importorskip("openvino")
+
+OPENVINO = CompileConfig(backend="openvino")
+
+
+@pytest.fixture(scope="module")
+def step_cache(tmp_path_factory):
+    """A fresh IR cache for the module (HF_TREESPEC_CACHE), so the first test exports."""
+    folder = tmp_path_factory.mktemp("openvino-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_TREESPEC_CACHE", str(folder))
+        yield folder
+
+
+@pytest.fixture(scope="module")
+def pair(step_cache):
+    model = hf_treespec.enable(tiny_llama(seed=11))
+    return model, perturbed_copy(model)
+
+
+def _random_tree(generator: torch.Generator, root: int, nodes: int) -> DraftTree:
+    """A tree of ``nodes`` nodes with random parents and tokens."""
+    tree = DraftTree.root(root)
+    for node in range(1, nodes):
+        parent = int(torch.randint(0, node, (1,), generator=generator))
+        token = torch.randint(0, VOCAB, (1,), generator=generator)
+        tree = tree.add_children(torch.tensor([parent]), token, torch.zeros(1))
+    return tree
+
+
+@torch.no_grad()
+def test_tree_logits_equal_eager_ones_with_rejected_rows_held(pair):
+    """Steps of random trees with random accepted paths: every tree's logits through the engine (rejected rows of
+    earlier steps still in its cache, masked out) equal the eager model's over the committed tokens and the tree."""
+    from hf_treespec.kv.stateful_kv import StatefulKV
+
+    model, _ = pair
+    engine = openvino_step.openvino_step_for(model, None, ())
+    assert engine.failure is None
+    generator = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, VOCAB, (1, 7), generator=generator)
+    engine.reset()
+    kv = StatefulKV(engine, DynamicCache(config=model.config), prompt.shape[1])
+    engine(prompt, torch.arange(7)[None], additive_mask(torch.ones(7, 7, dtype=torch.bool).tril(), torch.float32)
+           [None, None])
+    committed = prompt[0].tolist()
+    for step in range(6):
+        tree = _random_tree(generator, root=int(torch.randint(0, VOCAB, (1,), generator=generator)), nodes=5)
+        ids, positions, mask = kv.step_inputs([tree], torch.float32, "cpu", True)
+        logits = engine(ids, positions, mask)
+        for node in range(tree.num_nodes):  # the eager forward of the committed tokens and the node's path
+            path = tree.tokens[tree.path_to(node)].tolist()
+            reference = model(torch.tensor([committed + path])).logits[0, -1]
+            assert torch.allclose(logits[0, node], reference, atol=1e-4), (step, node)
+        leaf = int(torch.randint(0, tree.num_nodes, (1,), generator=generator))
+        accepted = tree.path_to(leaf)
+        kv.commit([accepted])
+        committed += tree.tokens[accepted].tolist()
+    assert engine.held > len(committed)  # rejected rows stayed in the engine's cache
+
+
+@pytest.mark.parametrize("policy,budget", [("salf", 6), ("optimal", 8), ("salf", "auto")])
+def test_greedy_equals_plain_decoding(pair, policy, budget):
+    model, drafter = pair
+    ids = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(3))
+    eager = model.generate(ids, max_new_tokens=30, do_sample=False)
+    plain = model.generate(ids, max_new_tokens=30, do_sample=False, custom_generate=plain_generate,
+                           compile_config=OPENVINO)
+    out = model.generate(ids, max_new_tokens=30, do_sample=False, assistant_model=drafter, tree_policy=policy,
+                         tree_budget=budget, compile_config=OPENVINO, return_dict_in_generate=True)
+    if budget != "auto":  # auto may find that trees do not pay on this machine: identity still holds
+        assert_drafted(out)
+    assert torch.equal(out.sequences, plain)
+    assert torch.equal(plain, eager)
+
+
+def test_feature_drafter_reads_the_engines_layer_outputs(pair):
+    """An EAGLE-3 style drafter reads three decoder layers: the engine exports them as outputs of its graph."""
+    from test_feature_drafter import make_drafter
+
+    model, _ = pair
+    drafter = make_drafter(model, input_mode="eagle3", target_layers=[0, 1, 3]).tie_to_target(model)
+    ids = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(4))
+    eager = model.generate(ids, max_new_tokens=20, do_sample=False)
+    out = model.generate(ids, max_new_tokens=20, do_sample=False, assistant_model=drafter, tree_policy="salf",
+                         tree_budget=6, compile_config=OPENVINO, return_dict_in_generate=True)
+    assert_drafted(out, accepting=False)  # an untrained drafter
+    assert torch.equal(out.sequences, eager)
+    engine = openvino_step.openvino_step_for(model, None, (0, 1, 3))
+    with capture_hidden_states(model, (0, 1, 3)) as eager_states:  # the decoder layers' outputs, as hooks see them
+        model(out.sequences[:, :12])
+    engine.reset()
+    engine(out.sequences[:, :12], torch.arange(12)[None],
+           additive_mask(torch.ones(12, 12, dtype=torch.bool).tril(), torch.float32)[None, None])
+    for slot in range(3):
+        assert torch.allclose(engine.states((0, 1, 3)).parts[slot], eager_states.parts[slot], atol=1e-4)
+
+
+def test_sampling_preserves_the_target_law(pair):
+    """Monte-Carlo through the engine: the law of the first three sampled tokens equals the target's exact law
+    (chi-square; a correct sampler fails with probability 1e-3)."""
+    model, drafter = pair
+    law = exact_law(model)
+    n = 500
+    torch.manual_seed(0)
+    counts: dict = {}
+    outs = []
+    for _ in range(n):
+        out = model.generate(PROMPT, max_new_tokens=3, assistant_model=drafter, tree_policy="salf", tree_budget=6,
+                             compile_config=OPENVINO, return_dict_in_generate=True, **WARP)
+        outs.append(out)
+        cell = tuple(out.sequences[0, -3:].tolist())
+        counts[cell] = counts.get(cell, 0) + 1
+    assert_drafted(outs)
+    assert chi_square_pvalue(counts, law, n) > 1e-3
+
+
+def test_returned_cache_continues_like_eager_decoding(pair):
+    """The engine's live rows come back in ``past_key_values`` as plain decoding leaves them: continuing from it
+    eagerly gives the tokens eager decoding gives."""
+    model, drafter = pair
+    ids = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(5))
+    out = model.generate(ids, max_new_tokens=15, do_sample=False, assistant_model=drafter, tree_policy="salf",
+                         tree_budget=6, compile_config=OPENVINO, return_dict_in_generate=True)
+    assert_drafted(out)
+    cache = out.past_key_values
+    assert cache.get_seq_length() == out.sequences.shape[1] - 1
+    reference = DynamicCache(config=model.config)
+    model(out.sequences[:, :-1], past_key_values=reference, use_cache=True)
+    for mine, theirs in zip(cache.layers, reference.layers):
+        assert torch.allclose(mine.keys, theirs.keys, atol=1e-4)
+        assert torch.allclose(mine.values, theirs.values, atol=1e-4)
+
+
+def test_missing_openvino_falls_back_to_eager_with_one_warning(pair, monkeypatch, caplog):
+    model, drafter = pair
+    monkeypatch.setattr("hf_treespec.generation.target.openvino_installed", lambda: False)
+    ids = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(6))
+    with caplog.at_level(logging.WARNING, logger="hf_treespec.generation.target"):
+        out = model.generate(ids, max_new_tokens=12, do_sample=False, assistant_model=drafter, tree_policy="salf",
+                             tree_budget=6, compile_config=OPENVINO, return_dict_in_generate=True)
+    warnings = [r for r in caplog.records if "openvino" in r.getMessage().lower()]
+    assert len(warnings) == 1 and "not installed" in warnings[0].getMessage()
+    assert_drafted(out)
+    assert torch.equal(out.sequences, model.generate(ids, max_new_tokens=12, do_sample=False))
+
+
+def test_failed_export_falls_back_to_eager_with_one_warning(monkeypatch, caplog, step_cache):
+    model = hf_treespec.enable(tiny_llama(seed=12))
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated: conversion failed")
+
+    monkeypatch.setattr(openvino_step, "_export", broken)
+    ids = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(7))
+    with caplog.at_level(logging.WARNING):
+        first = model.generate(ids, max_new_tokens=10, do_sample=False, custom_generate=plain_generate,
+                               compile_config=OPENVINO)
+        second = model.generate(ids, max_new_tokens=10, do_sample=False, custom_generate=plain_generate,
+                                compile_config=OPENVINO)
+    failures = [r for r in caplog.records if "simulated: conversion failed" in r.getMessage()]
+    assert len(failures) == 1  # when the export failed; the second call decodes eagerly without another
+    assert torch.equal(first, model.generate(ids, max_new_tokens=10, do_sample=False)) and torch.equal(first, second)
+
+
+def test_a_batch_decodes_eagerly_with_a_warning(pair, caplog):
+    model, drafter = pair
+    ids = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(8))
+    with caplog.at_level(logging.WARNING, logger="hf_treespec.generation.target"):
+        out = model.generate(ids, max_new_tokens=10, do_sample=False, assistant_model=drafter, tree_policy="salf",
+                             tree_budget=6, compile_config=OPENVINO)
+    assert any("one unpadded sequence" in r.getMessage() for r in caplog.records)
+    assert torch.equal(out, model.generate(ids, max_new_tokens=10, do_sample=False))
+
+
+def test_a_second_process_reuses_the_export(pair, step_cache, tmp_path):
+    """The IR is exported once per machine: a second process finds it and is ready in seconds."""
+    script = tmp_path / "ready.py"
+    script.write_text(
+        "import sys, time, torch\n"
+        "sys.path.insert(0, sys.argv[1])\n"
+        "from conftest import tiny_llama\n"
+        "from hf_treespec.compiled.openvino_step import OpenVINOStep\n"
+        "start = time.perf_counter()\n"
+        "step = OpenVINOStep(tiny_llama(seed=13), None, ())\n"
+        "print(step.failure, 'export' in step.compile_seconds, time.perf_counter() - start)\n"
+    )
+    tests = str(__import__("pathlib").Path(__file__).parent)
+    env = {**__import__("os").environ, "HF_TREESPEC_CACHE": str(step_cache)}
+    runs = []
+    for _ in range(2):
+        start = time.perf_counter()
+        done = subprocess.run([sys.executable, str(script), tests], capture_output=True, text=True, env=env,
+                              check=True)
+        runs.append((done.stdout.split(), time.perf_counter() - start))
+    (failure1, exported1, _), _ = runs[0]
+    (failure2, exported2, ready2), total2 = runs[1]
+    assert failure1 == failure2 == "None"
+    assert exported1 == "True" and exported2 == "False"  # the second process read the first one's IR
+    assert float(ready2) < 30 and total2 < 30
