@@ -144,3 +144,15 @@ def test_truncated_shares_weights(target):
 def test_list_policies_and_verifiers():
     assert {"chain", "eagle2", "optimal", "salf"} <= set(hf_treespec.list_policies())
     assert {"greedy", "nss", "naive"} <= set(hf_treespec.list_verifiers())
+
+
+@pytest.mark.parametrize("loop", ["tree", "plain"])
+def test_a_filled_cache_is_refused(target, drafters, prompt, loop):
+    """The loops feed the whole prompt: continuing from a ``past_key_values`` that holds tokens would feed them twice
+    (it crashed in the attention before this check)."""
+    first = target.generate(prompt, max_new_tokens=3, do_sample=False, return_dict_in_generate=True)
+    extra = ({"assistant_model": drafters["perturbed"], "tree_policy": "salf", "tree_budget": 4} if loop == "tree"
+             else {"custom_generate": hf_treespec.plain_generate})
+    with pytest.raises(ValueError, match="already holds"):
+        target.generate(first.sequences, max_new_tokens=3, do_sample=False, past_key_values=first.past_key_values,
+                        **extra)

@@ -326,6 +326,15 @@ def _warm_up(config, methods, model, drafters, prompt, gen_kwargs) -> tuple[list
     return kept, skipped
 
 
+def _target_forwards(method: BenchMethod, output: RunOutput, counted: int) -> int:
+    """The target forwards of one run: the hook's count, or for a method whose target runs in an engine that never
+    calls the module (``@compile=openvino``), its own account (prefill + one per verified step, or per token)."""
+    if counted or method.compile_backend != "openvino":
+        return counted
+    steps = len(output.accepted_lengths) if output.accepted_lengths else int(output.tokens.numel()) - 1
+    return 1 + steps
+
+
 def _timed_runs(config, methods, model, drafters, prompts, gen_kwargs, counter
                 ) -> dict[tuple[str, int], list[tuple[RunOutput, int]]]:
     """(method, question) -> [(output, target forwards)] per repeat; methods interleaved, order rotated per question."""
@@ -342,7 +351,8 @@ def _timed_runs(config, methods, model, drafters, prompts, gen_kwargs, counter
                     torch.manual_seed(config.seed + qi)  # same random stream for every method and repeat
                     counter.count = 0
                     output = method.run(model, prompt, drafters[method.name], **gen_kwargs)
-                    runs.setdefault((method.name, qi), []).append((output, counter.count))
+                    runs.setdefault((method.name, qi), []).append((output, _target_forwards(method, output,
+                                                                                            counter.count)))
                     bar.update()
     finally:
         bar.close()

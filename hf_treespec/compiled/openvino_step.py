@@ -20,10 +20,6 @@ installed or the conversion fails.
 
 from __future__ import annotations
 
-import copy
-import hashlib
-import importlib.util
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -33,24 +29,16 @@ import numpy as np
 import torch
 
 from ..features import CapturedStates, decoder_layers
-from ..paths import default_cache_dir
+from .openvino_export import (
+    IR_FILE, cached_ir, compile_ir, export_key, fp32_copy, half_output, to_torch,
+)
 
 logger = logging.getLogger(__name__)
 
 #: the ``CompileConfig.backend`` name that selects this engine
 BACKEND = "openvino"
-INSTALL_HINT = 'pip install "openvino>=2026.4,<2026.5"'
 #: where a model instance keeps its engines (one per captured-layer tuple)
 _STORE = "_treespec_openvino_steps"
-IR_FILE = "step.xml"
-PROVENANCE_FILE = "hf_treespec_step.json"
-
-
-def openvino_installed() -> bool:
-    try:
-        return importlib.util.find_spec("openvino") is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def _layer_outputs(model: torch.nn.Module, layers: tuple[int, ...]) -> list[int]:
@@ -91,47 +79,12 @@ class _StepGraph(torch.nn.Module):
         return out.logits, tuple(captured[i] for i in self.layers), present
 
 
-def weights_fingerprint(model: torch.nn.Module) -> str:
-    """A digest of the weights: every tensor's name, shape and dtype, and a strided sample of its values (a full
-    hash of a large model would cost seconds in every process)."""
-    digest = hashlib.sha256()
-    for name, tensor in model.state_dict().items():
-        flat = tensor.detach().reshape(-1)
-        sample = flat[:: max(1, flat.numel() // 4096)].float().cpu().numpy()
-        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
-        digest.update(sample.tobytes())
-    return digest.hexdigest()
-
-
-def step_key(model: torch.nn.Module, layers: list[int]) -> dict:
-    """What an exported step is valid for."""
-    from importlib.metadata import version
-
-    import transformers
-
-    return {
-        "model": getattr(model, "name_or_path", "") or type(model).__name__,
-        "config_sha": hashlib.sha256(model.config.to_json_string(use_diff=False).encode()).hexdigest()[:16],
-        "weights": weights_fingerprint(model)[:24],
-        "layers": layers,
-        "dtype": str(model.dtype).removeprefix("torch."),
-        "torch": torch.__version__, "transformers": transformers.__version__, "openvino": version("openvino"),
-    }
-
-
-def _half_types():
-    import openvino as ov
-
-    return {torch.bfloat16: ov.Type.bf16, torch.float16: ov.Type.f16}
-
-
 def _export(model: torch.nn.Module, layers: list[int], folder: Path) -> None:
     """Converts ``model`` (an fp32 copy: OpenVINO chooses its own inference precision) and saves the stateful IR."""
     import openvino as ov
     import openvino.opset13 as ops
     from openvino._offline_transformations import apply_make_stateful_transformation
 
-    half_types = _half_types()
 
     config = model.config.get_text_config()
     kv_heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
@@ -146,9 +99,7 @@ def _export(model: torch.nn.Module, layers: list[int], folder: Path) -> None:
         "past": tuple((torch.randn(1, kv_heads, past_len, head_dim), torch.randn(1, kv_heads, past_len, head_dim))
                       for _ in range(count)),
     }
-    # the copy leaves out what processes attach to the model (engines, compiled forwards): not copyable, not weights
-    attached = {id(value): {} for key, value in vars(model).items() if key.startswith("_treespec_")}
-    fp32 = copy.deepcopy(model, memo=attached).float().eval()
+    fp32 = fp32_copy(model)
     with torch.no_grad():
         converted = ov.convert_model(_StepGraph(fp32, layers), example_input=example)
     del fp32
@@ -160,13 +111,7 @@ def _export(model: torch.nn.Module, layers: list[int], folder: Path) -> None:
     outputs[0].get_tensor().set_names({"logits"})
     for slot in range(len(layers)):
         outputs[1 + slot].get_tensor().set_names({f"layer_{slot}"})
-        if model.dtype in half_types:
-            # captured layers leave the engine in the model's dtype: an fp32 output would keep the whole residual
-            # stream in fp32 (the CPU runtime propagates an output's precision upstream; measured: 4 rows 25 ms
-            # instead of 20)
-            result = outputs[1 + slot].get_node()
-            converted_output = ops.convert(result.input_value(0), half_types[model.dtype])
-            result.input(0).replace_source_output(converted_output.output(0))
+        half_output(outputs[1 + slot].get_node(), model.dtype)  # captured layers leave in the model's dtype
     apply_make_stateful_transformation(
         converted, {f"past_{kind}_{i}": f"present_{kind}_{i}" for i in range(count) for kind in ("key", "value")})
     # an empty cache of the batch's size to start from, and a beam index on every cache read: the CPU runtime
@@ -188,39 +133,6 @@ def _export(model: torch.nn.Module, layers: list[int], folder: Path) -> None:
     converted.validate_nodes_and_infer_types()
     folder.mkdir(parents=True, exist_ok=True)
     ov.save_model(converted, folder / IR_FILE, compress_to_fp16=False)
-
-
-def _ir_folder(model: torch.nn.Module, layers: list[int]) -> tuple[Path, float | None]:
-    """The cached IR of ``model`` (exported now when missing; the seconds that took, else None)."""
-    key = step_key(model, layers)
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
-    folder = default_cache_dir() / "openvino-steps" / digest
-    if (folder / PROVENANCE_FILE).is_file():
-        return folder, None
-    logger.warning("hf_treespec: exporting the target's forward to OpenVINO (once per machine and model; seconds "
-                   "to a minute) into %s.", folder)
-    start = time.perf_counter()
-    staging = folder.with_name(folder.name + f".tmp{int(time.time() * 1e6)}")
-    _export(model, layers, staging)
-    (staging / PROVENANCE_FILE).write_text(json.dumps(key, indent=1))
-    if folder.exists():  # another process finished first
-        import shutil
-
-        shutil.rmtree(staging, ignore_errors=True)
-    else:
-        staging.rename(folder)
-    return folder, time.perf_counter() - start
-
-
-def _to_torch(tensor) -> torch.Tensor:
-    """A copy of an OpenVINO output tensor (its buffer is reused by the next inference). OpenVINO's numpy view of a
-    bf16 tensor is typed float16: its bits are reinterpreted."""
-    import openvino as ov
-
-    data = tensor.data
-    if tensor.element_type == ov.Type.bf16:
-        return torch.from_numpy(data.view(np.int16).copy()).view(torch.bfloat16)
-    return torch.from_numpy(data.copy())
 
 
 @dataclass(eq=False)
@@ -252,19 +164,13 @@ class OpenVINOStep:
                            "forward instead.", self.failure)
 
     def _compile(self) -> None:
-        import openvino as ov
-
-        folder, exported = _ir_folder(self.model, _layer_outputs(self.model, self.layers))
+        layers = _layer_outputs(self.model, self.layers)
+        folder, exported = cached_ir(export_key(self.model, "stateful target step", layers=layers), lambda out: _export(self.model, layers, out),
+                                     "target's forward")
         if exported is not None:
             self.compile_seconds["export"] = exported
         start = time.perf_counter()
-        core = ov.Core()
-        precision = "bf16" if self.model.dtype == torch.bfloat16 else "f16" if self.model.dtype == torch.float16 \
-            else "f32"
-        config = {"INFERENCE_NUM_THREADS": torch.get_num_threads(), "INFERENCE_PRECISION_HINT": precision,
-                  "KV_CACHE_PRECISION": precision, "PERFORMANCE_HINT": "LATENCY"}
-        compiled = core.compile_model(core.read_model(folder / IR_FILE), "CPU", config)
-        self._request = compiled.create_infer_request()
+        self._request = compile_ir(folder, self.model.dtype).create_infer_request()
         self._beam = np.zeros(1, np.int32)
         self.compile_seconds["compile"] = time.perf_counter() - start
         self.folder = folder
@@ -291,7 +197,7 @@ class OpenVINOStep:
         self.held += rows
         # the output buffers are reused by the next inference: copied out
         for slot in range(len(self.layers)):
-            self._parts[slot] = _to_torch(request.get_tensor(f"layer_{slot}"))
+            self._parts[slot] = to_torch(request.get_tensor(f"layer_{slot}"))
         return torch.from_numpy(request.get_tensor("logits").data.copy())
 
     def states(self, layers: tuple[int, ...]) -> CapturedStates | None:
@@ -313,7 +219,7 @@ class OpenVINOStep:
         for i in range(len(states) // 2):
             pair = []
             for kind in ("key", "value"):
-                data = _to_torch(states[f"past_{kind}_{i}present_{kind}_{i}"].state)
+                data = to_torch(states[f"past_{kind}_{i}present_{kind}_{i}"].state)
                 pair.append(data[:, :, keep].to(self.model.dtype))
             out.append(tuple(pair))
         return out

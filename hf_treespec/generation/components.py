@@ -155,3 +155,13 @@ def returns_outside_inference_mode(decode):
         return out
 
     return run
+
+
+def check_empty_cache(cache, what: str) -> None:
+    """A decoding loop starts from an empty cache: it feeds the whole prompt. A ``past_key_values`` that already
+    holds tokens would be fed them twice."""
+    if cache.get_seq_length() != 0:
+        raise ValueError(
+            f"{what} starts from an empty cache, but past_key_values already holds {cache.get_seq_length()} tokens. "
+            "Pass the whole conversation as input_ids without past_key_values."
+        )

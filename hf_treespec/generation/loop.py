@@ -31,7 +31,7 @@ from ..kv.tree_kv import to_device
 from ..kv.window import prepare
 from ..step_context import DecodingSetup, StepContext, StepOutcome, sampling_params
 from .components import (
-    TreeSpecGenerateOutput, check_decoder_only, check_drafter, check_text_only, resolve,
+    TreeSpecGenerateOutput, check_decoder_only, check_empty_cache, check_drafter, check_text_only, resolve,
     returns_outside_inference_mode,
 )
 from .draft_source import WarpedDraftSource
@@ -76,6 +76,7 @@ class TreeDecodingLoop:
         self.prompt_mask = check_batch_inputs(input_ids, attention_mask, streamer)
         if cache is None:
             raise ValueError("tree speculation needs use_cache=True.")
+        check_empty_cache(cache, "tree speculation")
         self.batch = input_ids.shape[0]
         self.cache, self.input_ids, self.device = cache, input_ids, input_ids.device
         self.windows = prepare(model, cache, role="target model")  # sliding layers full-length; windows in the masks
@@ -93,7 +94,9 @@ class TreeDecodingLoop:
         pads = (~self.prompt_mask).sum(-1).tolist()
         self.rows = [RowState(i, input_ids[i : i + 1], drafter if i == 0 else fork_drafter(drafter, assistant_model, model),
                               processors_for_rows(logits_processor, i), pads=pads[i]) for i in range(self.batch)]
-        if compiled is not None and not getattr(compiled, "owns_cache", False):  # an engine's drafter stays eager
+        # an engine's drafter stays eager: the drafter converted to OpenVINO too measured no faster beside the
+        # target's engine (docs/results/compiled/openvino-step)
+        if compiled is not None and not getattr(compiled, "owns_cache", False):
             for row in self.rows:
                 row.drafter.use_compiled(compiled.settings)
         self.logits_processor, self.stopping_criteria, self.streamer = logits_processor, stopping_criteria, streamer
@@ -301,7 +304,8 @@ class TreeDecodingLoop:
 
     def output(self):
         sequences, lengths = padded_sequences(self.rows, self.pad_id)
-        self.kv.finish(lengths)  # the cache as plain generate leaves it: the rows of sequences[:, :-1]
+        if self.want_dict or not getattr(self.kv, "copies_out", False):  # an engine's rows: only when returned
+            self.kv.finish(lengths)  # the cache as plain generate leaves it: the rows of sequences[:, :-1]
         if self.windows is not None:
             self.windows.restore(self.cache)
         if self.streamer is not None:

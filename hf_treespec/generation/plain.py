@@ -17,7 +17,7 @@ from ..attention import additive_mask
 from ..compat import CACHE_KWARG
 from ..kv.stateful_kv import StatefulKV
 from .config import GENERATE_ONLY_KWARGS
-from .components import returns_outside_inference_mode
+from .components import check_empty_cache, returns_outside_inference_mode
 from .target import TargetForward, compiled_for_generation
 
 
@@ -35,6 +35,7 @@ def plain_decoding(
     cache = model_kwargs.get(CACHE_KWARG)
     if cache is None:
         raise ValueError("plain_generate needs use_cache=True.")
+    check_empty_cache(cache, "plain_generate")
     device = input_ids.device
     batch = input_ids.shape[0]
     prompt_mask = model_kwargs.get("attention_mask")
@@ -79,7 +80,7 @@ def plain_decoding(
         # [B, n] columns a one-token step attends to: its [B, 1, 1, n] additive mask when compiled
         mask = additive_mask(columns, model.dtype)[:, None, None, :] if target.explicit_masks else columns.long()
         logits, _ = target.step(tokens[:, None], position, mask)
-    if target.engine is not None:  # the cache as eager decoding leaves it: every fed row
+    if target.engine is not None and want_dict:  # the cache as eager decoding leaves it: every fed row
         StatefulKV(target.engine, cache, target.engine.held).finish(torch.tensor([target.engine.held + 1]))
     if streamer is not None:
         streamer.end()

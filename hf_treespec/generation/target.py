@@ -16,9 +16,10 @@ import torch
 from ..attention import causal_row_mask
 from ..compat import CACHE_KWARG
 from ..compiled import CompiledForward, compiled_forward_for, preallocate, settings_from_generation_config
+from ..compiled.openvino_export import INSTALL_HINT as OPENVINO_INSTALL_HINT
+from ..compiled.openvino_export import openvino_installed
 from ..compiled.openvino_step import BACKEND as OPENVINO
-from ..compiled.openvino_step import INSTALL_HINT as OPENVINO_INSTALL_HINT
-from ..compiled.openvino_step import OpenVINOStep, openvino_installed, openvino_step_for
+from ..compiled.openvino_step import OpenVINOStep, openvino_step_for
 from ..features import capture_hidden_states
 
 logger = logging.getLogger(__name__)

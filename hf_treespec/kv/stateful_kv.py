@@ -19,6 +19,9 @@ from ..tree import DraftTree
 class StatefulKV:
     """`TargetKV` of one unpadded prompt over an engine that holds the cache (``engine.held`` rows)."""
 
+    #: `finish` copies the engine's rows out (the loop skips it when the caller never sees the cache)
+    copies_out = True
+
     def __init__(self, engine, cache, prompt_len: int):
         self.engine, self.cache = engine, cache
         self.live = torch.ones(prompt_len, dtype=torch.bool)  # the prompt's rows, fed by the prefill

@@ -1,0 +1,130 @@
+"""What the OpenVINO engines share: the converted graphs' on-disk cache (keyed by weights, config, dtype and library
+versions), the fp32 copy a conversion traces, output precisions, compilation for this CPU, and tensors back to torch.
+
+Nothing here imports OpenVINO at module level: the package runs without it.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import importlib.util
+import json
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..paths import default_cache_dir
+
+logger = logging.getLogger(__name__)
+
+INSTALL_HINT = 'pip install "openvino>=2026.4,<2026.5"'
+IR_FILE = "model.xml"
+PROVENANCE_FILE = "hf_treespec_export.json"
+
+
+def openvino_installed() -> bool:
+    try:
+        return importlib.util.find_spec("openvino") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def weights_fingerprint(model: torch.nn.Module) -> str:
+    """A digest of the weights: every tensor's name, shape and dtype, and a strided sample of its values (a full
+    hash of a large model would cost seconds in every process)."""
+    digest = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        flat = tensor.detach().reshape(-1)
+        sample = flat[:: max(1, flat.numel() // 4096)].float().cpu().numpy()
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
+        digest.update(sample.tobytes())
+    return digest.hexdigest()
+
+
+def export_key(model: torch.nn.Module, kind: str, **extra) -> dict:
+    """What an exported graph of ``model`` (``kind``: what the graph is) is valid for."""
+    from importlib.metadata import version
+
+    import transformers
+
+    return {
+        "kind": kind, **extra,
+        "model": getattr(model, "name_or_path", "") or type(model).__name__,
+        "config_sha": hashlib.sha256(model.config.to_json_string(use_diff=False).encode()).hexdigest()[:16],
+        "weights": weights_fingerprint(model)[:24],
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "torch": torch.__version__, "transformers": transformers.__version__, "openvino": version("openvino"),
+    }
+
+
+def half_types():
+    import openvino as ov
+
+    return {torch.bfloat16: ov.Type.bf16, torch.float16: ov.Type.f16}
+
+
+def cached_ir(key: dict, export, what: str) -> tuple[Path, float | None]:
+    """The IR folder for ``key`` under ``<cache>/openvino-steps``, made by ``export(folder)`` when missing (the
+    seconds that took, else None). Written to a staging folder and renamed: a reader never sees half an IR."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    folder = default_cache_dir() / "openvino-steps" / digest
+    if (folder / PROVENANCE_FILE).is_file():
+        return folder, None
+    logger.warning("hf_treespec: exporting the %s to OpenVINO (once per machine and model; seconds to a minute) "
+                   "into %s.", what, folder)
+    start = time.perf_counter()
+    staging = folder.with_name(folder.name + f".tmp{int(time.time() * 1e6)}")
+    export(staging)
+    (staging / PROVENANCE_FILE).write_text(json.dumps(key, indent=1))
+    if folder.exists():  # another process finished first
+        import shutil
+
+        shutil.rmtree(staging, ignore_errors=True)
+    else:
+        staging.rename(folder)
+    return folder, time.perf_counter() - start
+
+
+def fp32_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """An fp32 copy of ``model`` to convert (OpenVINO picks its own inference precision), without what processes
+    attach to the model (engines, compiled forwards: not copyable, not weights)."""
+    attached = {id(value): {} for key, value in vars(model).items() if key.startswith("_treespec_")}
+    return copy.deepcopy(model, memo=attached).float().eval().requires_grad_(False)
+
+
+def half_output(result, dtype: torch.dtype) -> None:
+    """Makes an output of the converted graph leave in ``dtype`` (bf16 / fp16; fp32 left alone). An fp32 output
+    keeps the residual stream feeding it in fp32: the CPU runtime propagates an output's precision upstream
+    (measured on the target: a 4-row step 25 ms instead of 20)."""
+    import openvino.opset13 as ops
+
+    types = half_types()
+    if dtype in types:
+        converted = ops.convert(result.input_value(0), types[dtype])
+        result.input(0).replace_source_output(converted.output(0))
+
+
+def compile_ir(folder: Path, dtype: torch.dtype):
+    """The IR in ``folder`` compiled for this CPU at ``dtype``'s precision (inference and KV cache)."""
+    import openvino as ov
+
+    core = ov.Core()
+    precision = {torch.bfloat16: "bf16", torch.float16: "f16"}.get(dtype, "f32")
+    config = {"INFERENCE_NUM_THREADS": torch.get_num_threads(), "INFERENCE_PRECISION_HINT": precision,
+              "KV_CACHE_PRECISION": precision, "PERFORMANCE_HINT": "LATENCY"}
+    return core.compile_model(core.read_model(folder / IR_FILE), "CPU", config)
+
+
+def to_torch(tensor) -> torch.Tensor:
+    """A copy of an OpenVINO output tensor (its buffer is reused by the next inference). OpenVINO's numpy view of a
+    bf16 tensor is typed float16: its bits are reinterpreted."""
+    import openvino as ov
+
+    data = tensor.data
+    if tensor.element_type == ov.Type.bf16:
+        return torch.from_numpy(data.view(np.int16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(data.copy())
