@@ -18,7 +18,7 @@ from hf_treespec.assets import load_questions
 from hf_treespec.benchmark import openvino as ov_peer
 from hf_treespec.benchmark.loading import build_prompt
 from hf_treespec.benchmark.methods import METHODS, PEER_ORDER
-from hf_treespec.cli import QUICK_PRESET, main, quick_preset
+from hf_treespec.cli import QUICK_OPENVINO, QUICK_PRESET, main, quick_preset
 
 from conftest import VOCAB, char_tokenizer, tiny_llama
 
@@ -74,7 +74,7 @@ def test_without_the_extra_openvino_refuses_with_the_install_command(tiny, quest
     assert "openvino" not in result.methods and "hf-treespec[openvino]" in result.skipped["openvino"]
     table = (write_report(result, tmp_path / "out") / "table.md").read_text()
     assert "- openvino: OpenVINO GenAI is not installed" in table
-    assert "openvino" not in quick_preset()["methods"]
+    assert QUICK_OPENVINO not in quick_preset()["methods"]
     folder = tmp_path / "tiny"
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -85,13 +85,18 @@ def test_without_the_extra_openvino_refuses_with_the_install_command(tiny, quest
     assert "hf-treespec[openvino]" in capsys.readouterr().err
 
 
-def test_quick_adds_the_openvino_row_only_where_the_extra_is_installed(monkeypatch):
+def test_quick_adds_the_openvino_rows_only_where_openvino_is_installed(monkeypatch):
+    import hf_treespec.compiled.openvino_export as ov_export
+
     monkeypatch.setattr(ov_peer, "openvino_available", lambda: True)
+    monkeypatch.setattr(ov_export, "openvino_installed", lambda: True)
     methods = quick_preset()["methods"]
     assert methods == ["plain", "plain@compile=true", "assisted_lookup", "openvino", "tree:salf",
-                       "tree:salf@compile=true"]
-    assert QUICK_PRESET["methods"] == [m for m in methods if m != "openvino"]  # the constant is left as it is
-    monkeypatch.setattr(ov_peer, "openvino_available", lambda: False)
+                       "tree:salf@compile=true", "plain@compile=openvino", "tree:salf@compile=openvino"]
+    assert QUICK_PRESET["methods"] == methods[:3] + methods[4:6]  # the constant is left as it is
+    monkeypatch.setattr(ov_peer, "openvino_available", lambda: False)  # the runtime alone: the step's rows
+    assert quick_preset()["methods"] == QUICK_PRESET["methods"] + methods[-2:]
+    monkeypatch.setattr(ov_export, "openvino_installed", lambda: False)
     assert quick_preset()["methods"] == QUICK_PRESET["methods"]
 
 

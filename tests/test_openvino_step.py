@@ -151,6 +151,9 @@ def test_returned_cache_continues_like_eager_decoding(pair):
     out = model.generate(ids, max_new_tokens=15, do_sample=False, assistant_model=drafter, tree_policy="salf",
                          tree_budget=6, compile_config=OPENVINO, return_dict_in_generate=True)
     assert_drafted(out)
+    # the rows stay in the engine until read; the next call's new sequence copies them out first
+    model.generate(ids.flip(1), max_new_tokens=5, do_sample=False, custom_generate=plain_generate,
+                   compile_config=OPENVINO)
     cache = out.past_key_values
     assert cache.get_seq_length() == out.sequences.shape[1] - 1
     reference = DynamicCache(config=model.config)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -154,6 +155,8 @@ class OpenVINOStep:
 
     def __post_init__(self) -> None:
         self._request = None
+        #: returned caches whose rows are still in the engine (weakly held: a cache nobody holds is never copied)
+        self.pending_copies: weakref.WeakSet = weakref.WeakSet()
         self._parts: list[torch.Tensor | None] = [None] * len(self.layers)
         self.held = 0  # rows in the engine's cache
         try:
@@ -176,7 +179,10 @@ class OpenVINOStep:
         self.folder = folder
 
     def reset(self) -> None:
-        """Empties the engine's cache (a new sequence)."""
+        """Empties the engine's cache (a new sequence), after copying out the rows a returned cache still waits
+        for (`hf_treespec.kv.stateful_kv.EngineRows`)."""
+        for pending in list(self.pending_copies):
+            pending.load()
         self._request.reset_state()
         self.held = 0
 

@@ -304,8 +304,7 @@ class TreeDecodingLoop:
 
     def output(self):
         sequences, lengths = padded_sequences(self.rows, self.pad_id)
-        if self.want_dict or not getattr(self.kv, "copies_out", False):  # an engine's rows: only when returned
-            self.kv.finish(lengths)  # the cache as plain generate leaves it: the rows of sequences[:, :-1]
+        self.kv.finish(lengths)  # the cache as plain generate leaves it: the rows of sequences[:, :-1]
         if self.windows is not None:
             self.windows.restore(self.cache)
         if self.streamer is not None:

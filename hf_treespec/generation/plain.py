@@ -80,7 +80,7 @@ def plain_decoding(
         # [B, n] columns a one-token step attends to: its [B, 1, 1, n] additive mask when compiled
         mask = additive_mask(columns, model.dtype)[:, None, None, :] if target.explicit_masks else columns.long()
         logits, _ = target.step(tokens[:, None], position, mask)
-    if target.engine is not None and want_dict:  # the cache as eager decoding leaves it: every fed row
+    if target.engine is not None:  # the cache as eager decoding leaves it: every fed row (read when first used)
         StatefulKV(target.engine, cache, target.engine.held).finish(torch.tensor([target.engine.held + 1]))
     if streamer is not None:
         streamer.end()

@@ -11,6 +11,7 @@ sizes that pay.
 from __future__ import annotations
 
 import torch
+from transformers.cache_utils import DynamicLayer
 
 from ..attention import additive_mask
 from ..tree import DraftTree
@@ -18,9 +19,6 @@ from ..tree import DraftTree
 
 class StatefulKV:
     """`TargetKV` of one unpadded prompt over an engine that holds the cache (``engine.held`` rows)."""
-
-    #: `finish` copies the engine's rows out (the loop skips it when the caller never sees the cache)
-    copies_out = True
 
     def __init__(self, engine, cache, prompt_len: int):
         self.engine, self.cache = engine, cache
@@ -48,8 +46,63 @@ class StatefulKV:
         """Nothing to move: when its one row finishes, the loop ends."""
 
     def finish(self, lengths: torch.Tensor) -> None:
-        """The caller's cache gets the live rows (the first ``lengths[0] - 1``), as plain decoding leaves it."""
+        """The caller's cache gets the live rows (the first ``lengths[0] - 1``), as plain decoding leaves it: read
+        from the engine when the caller first reads them (`EngineRowsLayer`), not before."""
         keep = self.live.nonzero().squeeze(-1)[: int(lengths[0]) - 1]
-        for layer, (keys, values) in zip(self.cache.layers, self.engine.cache_rows(keep)):
-            layer.keys, layer.values, layer.dtype, layer.device = keys, values, keys.dtype, keys.device
-            layer.is_initialized = True
+        rows = EngineRows(self.engine, keep)
+        for index in range(len(self.cache.layers)):
+            self.cache.layers[index] = EngineRowsLayer(rows, index)
+
+
+class EngineRows:
+    """The rows ``keep`` of an engine's cache, copied out at most once: when a layer is first read, or before the
+    engine starts its next sequence (`OpenVINOStep.reset` asks every copy still pending). Copying them out costs
+    about a millisecond per layer on 2 CPU cores, which a caller who never reads the cache should not pay."""
+
+    def __init__(self, engine, keep: torch.Tensor):
+        self.engine, self.keep = engine, keep
+        self.layers: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        engine.pending_copies.add(self)
+
+    def load(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        if self.layers is None:
+            self.layers = self.engine.cache_rows(self.keep)
+            self.engine.pending_copies.discard(self)
+        return self.layers
+
+
+class EngineRowsLayer(DynamicLayer):
+    """A ``DynamicLayer`` whose keys and values are an engine's rows (`EngineRows`), read when first used."""
+
+    def __init__(self, rows: EngineRows, index: int):
+        self._source: tuple[EngineRows, int] | None = None
+        super().__init__()
+        self._source = (rows, index)
+        self.is_initialized = True
+        self.device = torch.device("cpu")
+
+    def _load(self) -> None:
+        if self._source is not None:
+            rows, index = self._source
+            self._source = None
+            self._keys, self._values = rows.load()[index]
+
+    @property
+    def keys(self) -> torch.Tensor | None:
+        self._load()
+        return self._keys
+
+    @keys.setter
+    def keys(self, value) -> None:
+        self._load()
+        self._keys = value
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        self._load()
+        return self._values
+
+    @values.setter
+    def values(self, value) -> None:
+        self._load()
+        self._values = value

@@ -15,3 +15,4 @@ run() {  # $1: folder, rest: bench arguments
 run bf16-greedy --dtype bf16 --methods "plain,openvino,plain@compile=openvino,tree:salf@compile=openvino,tree:salf@compile=openvino@tree_budget=4,tree:salf@compile=openvino@tree_budget=8,plain@compile=true,tree:salf@compile=true@tree_budget=4"
 run bf16-t1 --dtype bf16 --temperature 1.0 --methods "plain,plain@compile=openvino,tree:salf@compile=openvino,tree:salf@compile=openvino@tree_budget=4,tree:dyspec@compile=openvino,plain@compile=true,tree:salf@compile=true@tree_budget=4"
 python docs/results/compiled/openvino-step/drafter_ab.py "$OUT/drafter_ab.json"
+python docs/results/compiled/openvino-step/steps.py "$OUT/steps.json"
