@@ -56,10 +56,12 @@ def _random_tree(generator: torch.Generator, root: int, nodes: int) -> DraftTree
     return tree
 
 
+@pytest.mark.parametrize("compact_after", [10_000, 4])
 @torch.no_grad()
-def test_tree_logits_equal_eager_ones_with_rejected_rows_held(pair):
+def test_tree_logits_equal_eager_ones_with_rejected_rows_held(pair, compact_after):
     """Steps of random trees with random accepted paths: every tree's logits through the engine (rejected rows of
-    earlier steps still in its cache, masked out) equal the eager model's over the committed tokens and the tree."""
+    earlier steps still in its cache, masked out, or compacted away) equal the eager model's over the committed
+    tokens and the tree."""
     from hf_treespec.kv.stateful_kv import StatefulKV
 
     model, _ = pair
@@ -69,11 +71,12 @@ def test_tree_logits_equal_eager_ones_with_rejected_rows_held(pair):
     prompt = torch.randint(0, VOCAB, (1, 7), generator=generator)
     engine.reset()
     kv = StatefulKV(engine, DynamicCache(config=model.config), prompt.shape[1])
+    kv.compact_after = compact_after  # 4: dead rows are dropped once they outnumber the live ones
     engine(prompt, torch.arange(7)[None], additive_mask(torch.ones(7, 7, dtype=torch.bool).tril(), torch.float32)
            [None, None])
     committed = prompt[0].tolist()
-    for step in range(6):
-        tree = _random_tree(generator, root=int(torch.randint(0, VOCAB, (1,), generator=generator)), nodes=5)
+    for step in range(10):
+        tree = _random_tree(generator, root=int(torch.randint(0, VOCAB, (1,), generator=generator)), nodes=8)
         ids, positions, mask = kv.step_inputs([tree], torch.float32, "cpu", True)
         logits = engine(ids, positions, mask)
         for node in range(tree.num_nodes):  # the eager forward of the committed tokens and the node's path
@@ -84,7 +87,11 @@ def test_tree_logits_equal_eager_ones_with_rejected_rows_held(pair):
         accepted = tree.path_to(leaf)
         kv.commit([accepted])
         committed += tree.tokens[accepted].tolist()
-    assert engine.held > len(committed)  # rejected rows stayed in the engine's cache
+    fed = prompt.shape[1] + 10 * 8
+    if compact_after > 1000:
+        assert engine.held == fed > len(committed)  # rejected rows stayed in the engine's cache
+    else:
+        assert len(committed) <= engine.held < fed  # dead rows were dropped on the way
 
 
 @pytest.mark.parametrize("policy,budget", [("salf", 6), ("optimal", 8), ("salf", "auto")])

@@ -128,3 +128,13 @@ def to_torch(tensor) -> torch.Tensor:
     if tensor.element_type == ov.Type.bf16:
         return torch.from_numpy(data.view(np.int16).copy()).view(torch.bfloat16)
     return torch.from_numpy(data.copy())
+
+
+def from_numpy_as(array: np.ndarray, element_type):
+    """An OpenVINO tensor of ``element_type`` holding ``array``'s bits (a bf16 tensor's numpy view is typed
+    float16, see `to_torch`)."""
+    import openvino as ov
+
+    tensor = ov.Tensor(element_type, ov.Shape(list(array.shape)))
+    tensor.data[...] = array
+    return tensor

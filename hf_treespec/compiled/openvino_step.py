@@ -31,7 +31,7 @@ import torch
 
 from ..features import CapturedStates, decoder_layers
 from .openvino_export import (
-    IR_FILE, cached_ir, compile_ir, export_key, fp32_copy, half_output, to_torch,
+    IR_FILE, cached_ir, compile_ir, export_key, fp32_copy, from_numpy_as, half_output, to_torch,
 )
 
 logger = logging.getLogger(__name__)
@@ -229,6 +229,17 @@ class OpenVINOStep:
                 pair.append(data[:, :, keep].to(self.model.dtype))
             out.append(tuple(pair))
         return out
+
+    def compact(self, keep: torch.Tensor) -> None:
+        """Keeps only the held rows ``keep`` (indices, in order) in the engine's cache: one copy of the cache, so
+        that rejected rows stop costing attention (wide trees leave many)."""
+        for pending in list(self.pending_copies):  # a returned cache still reading these rows: copied out first
+            pending.load()
+        for state in self._request.query_state():
+            current = state.state
+            rows = np.ascontiguousarray(current.data[:, :, keep.numpy()])
+            state.state = from_numpy_as(rows, current.element_type)
+        self.held = int(keep.numel())
 
 
 def openvino_step_for(model: torch.nn.Module, settings, layers: tuple[int, ...]) -> OpenVINOStep:

@@ -4,8 +4,8 @@ The engine appends every row a forward feeds and cannot drop rows in place. So r
 are, dead: the host keeps one bool per held row (``live``), and every step's mask shows a new row the live rows and
 its own ancestors in the tree. The accepted path's rows become live where they lie; their positions (the depth of
 each node after the committed tokens) were right when they were computed, so nothing moves. The cost is attention
-over dead rows, which the mask zeroes: rows, not weights, so small beside a forward's weight reads at the tree
-sizes that pay.
+over dead rows, which the mask zeroes: small beside a forward's weight reads for small trees; when they outnumber
+the live rows (and `StatefulKV.compact_after`), the engine's cache is compacted in one copy.
 """
 
 from __future__ import annotations
@@ -19,6 +19,10 @@ from ..tree import DraftTree
 
 class StatefulKV:
     """`TargetKV` of one unpadded prompt over an engine that holds the cache (``engine.held`` rows)."""
+
+    #: dead rows the engine may hold before they are dropped (`OpenVINOStep.compact`), or as many as live rows when
+    #: those are more: a 4-node tree leaves ~3 a step, a 60-node DySpec tree ~58
+    compact_after = 512
 
     def __init__(self, engine, cache, prompt_len: int):
         self.engine, self.cache = engine, cache
@@ -41,6 +45,10 @@ class StatefulKV:
         grown[: self.live.shape[0]] = self.live
         grown[self.live.shape[0] + path] = True
         self.live, self.committed = grown, self.committed + path.numel()
+        if self.live.shape[0] - self.committed > max(self.compact_after, self.committed):
+            # dead rows past the threshold cost every step's attention more than one copy of the cache
+            self.engine.compact(self.live.nonzero().squeeze(-1))
+            self.live = torch.ones(self.committed, dtype=torch.bool)
 
     def retire(self, keep: torch.Tensor) -> None:
         """Nothing to move: when its one row finishes, the loop ends."""
