@@ -18,7 +18,7 @@ import torch
 from transformers import CompileConfig, DynamicCache
 
 import hf_treespec
-from conftest import VOCAB, assert_drafted, perturbed_copy, tiny_llama
+from conftest import VOCAB, assert_drafted, confident_classifier, fixed_budget, perturbed_copy, tiny_llama
 from hf_treespec.attention import additive_mask
 from hf_treespec.compiled import openvino_step
 from hf_treespec.features import capture_hidden_states
@@ -94,16 +94,19 @@ def test_tree_logits_equal_eager_ones_with_rejected_rows_held(pair, compact_afte
         assert len(committed) <= engine.held < fed  # dead rows were dropped on the way
 
 
-@pytest.mark.parametrize("policy,budget", [("salf", 6), ("optimal", 8), ("salf", "auto")])
-def test_greedy_equals_plain_decoding(pair, policy, budget):
+@pytest.mark.parametrize("policy", [p for p in hf_treespec.list_policies() if p != "nde"] + ["auto"])
+def test_greedy_equals_plain_decoding(pair, policy):
+    """Every policy (``nde`` needs its trained selector; ``auto``: salf sized by measured cost), fp32."""
     model, drafter = pair
     ids = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(3))
     eager = model.generate(ids, max_new_tokens=30, do_sample=False)
     plain = model.generate(ids, max_new_tokens=30, do_sample=False, custom_generate=plain_generate,
                            compile_config=OPENVINO)
-    out = model.generate(ids, max_new_tokens=30, do_sample=False, assistant_model=drafter, tree_policy=policy,
-                         tree_budget=budget, compile_config=OPENVINO, return_dict_in_generate=True)
-    if budget != "auto":  # auto may find that trees do not pay on this machine: identity still holds
+    sizing = {"tree_policy": "salf", "tree_budget": "auto"} if policy == "auto" else fixed_budget(policy)
+    extra = {"c2t_classifier": confident_classifier()} if policy == "c2t" else {}
+    out = model.generate(ids, max_new_tokens=30, do_sample=False, assistant_model=drafter, compile_config=OPENVINO,
+                         return_dict_in_generate=True, **({"tree_policy": policy} | sizing), **extra)
+    if policy != "auto":  # auto may find that trees do not pay on this machine: identity still holds
         assert_drafted(out)
     assert torch.equal(out.sequences, plain)
     assert torch.equal(plain, eager)
