@@ -298,22 +298,14 @@ def test_for_target_reads_per_layer_type_rope_and_sizes_the_mlp_of_gpt_style_tar
 def test_sampled_tree_decoding_preserves_the_law_of_non_llama_targets(models, family, policy):
     """Sampling (nss verifier) through a sliding-window and a GPT-style target: the joint law of the first three new
     tokens after a prompt longer than the window, against the law enumerated from the target (chi-square)."""
-    from test_generate_sampling import WARP, chi_square_pvalue, exact_law
+    from test_generate_sampling import chi_square_pvalue, exact_law, sample_three_tokens
 
     target, drafters = models(family)
     prompt = prompts(family)[0]
     law = exact_law(target, prompt)
     n = 600
-    torch.manual_seed(0)
-    counts: dict = {}
-    outs = []
-    for _ in range(n):
-        out = target.generate(prompt, max_new_tokens=3, assistant_model=drafters["causal_lm"], tree_policy=policy,
-                              verifier="nss", tree_depth=3, return_dict_in_generate=True, **WARP,
-                              **fixed_budget(policy))  # trees every step
-        outs.append(out)
-        cell = tuple(out.sequences[0, -3:].tolist())
-        counts[cell] = counts.get(cell, 0) + 1
+    counts, outs = sample_three_tokens(target, n, prompt, assistant_model=drafters["causal_lm"], tree_policy=policy,
+                                       verifier="nss", tree_depth=3, **fixed_budget(policy))  # trees every step
     assert_drafted(outs)
     assert chi_square_pvalue(counts, law, n) > 1e-3
 

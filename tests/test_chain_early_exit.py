@@ -79,21 +79,13 @@ def test_greedy_generate_is_plain_greedy(target, drafters, prompt, params):
 
 @pytest.mark.parametrize("params", [{"chain_min_prob": 0.4}, {"chain_min_joint": 0.2}])
 def test_three_token_law_is_preserved(target, drafters, params):
-    from test_generate_sampling import PROMPT, WARP, chi_square_pvalue, exact_law
+    from test_generate_sampling import chi_square_pvalue, exact_law, sample_three_tokens
 
     law = exact_law(target)
     n = 600
-    torch.manual_seed(0)
-    counts: dict = {}
-    sizes: set = set()
-    outs = []
-    for _ in range(n):
-        out = target.generate(PROMPT, max_new_tokens=3, assistant_model=drafters["perturbed"], tree_policy="chain",
-                              verifier="naive", tree_depth=3, return_dict_in_generate=True, **WARP, **params)
-        outs.append(out)
-        cell = tuple(out.sequences[0, -3:].tolist())
-        counts[cell] = counts.get(cell, 0) + 1
-        sizes.update(out.tree_sizes)
+    counts, outs = sample_three_tokens(target, n, assistant_model=drafters["perturbed"], tree_policy="chain",
+                                       verifier="naive", tree_depth=3, **params)
+    sizes = {size for out in outs for size in out.tree_sizes}
     assert_drafted(outs)
     assert len(sizes) > 1, "the early exit never changed the chain length: the test checks nothing"
     assert chi_square_pvalue(counts, law, n) > 1e-3

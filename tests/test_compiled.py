@@ -22,7 +22,7 @@ from hf_treespec.kv.tree_kv import keep_rows
 from hf_treespec.compat import CACHE_KWARG
 from hf_treespec.compiled import CompileSettings, PreallocatedLayer, compiled_forward_for, preallocate, release
 from hf_treespec.generation.plain import plain_generate
-from test_generate_sampling import PROMPT, WARP, chi_square_pvalue, exact_law
+from test_generate_sampling import chi_square_pvalue, exact_law, sample_three_tokens
 
 TRACE_ONLY = CompileConfig(backend="eager", mode=None)
 
@@ -182,16 +182,9 @@ def test_inductor_sampling_preserves_the_target_law(inductor, policy, verifier):
     model, drafter = inductor
     law = exact_law(model)
     n = 600
-    torch.manual_seed(0)
-    counts: dict = {}
-    outs = []
     extra = {"verifier": verifier} if verifier else {}
-    for _ in range(n):
-        out = model.generate(PROMPT, max_new_tokens=3, assistant_model=drafter, tree_policy=policy, tree_budget=6,
-                             compile_config=CompileConfig(), return_dict_in_generate=True, **extra, **WARP)
-        outs.append(out)
-        cell = tuple(out.sequences[0, -3:].tolist())
-        counts[cell] = counts.get(cell, 0) + 1
+    counts, outs = sample_three_tokens(model, n, assistant_model=drafter, tree_policy=policy, tree_budget=6,
+                                       compile_config=CompileConfig(), **extra)
     assert_drafted(outs)
     assert chi_square_pvalue(counts, law, n) > 1e-3
 

@@ -49,20 +49,26 @@ def chi_square_pvalue(counts: dict, law: dict, n: int) -> float:
     return float(chi2.sf(stat, dof))
 
 
-@pytest.mark.parametrize("policy,verifier", [("salf", "nss"), ("eagle2", "nss"), ("chain", "naive")])
-def test_three_token_law_is_preserved(target, drafters, policy, verifier):
-    law = exact_law(target)
-    n = 600
+def sample_three_tokens(model, n: int, prompt: torch.Tensor = PROMPT, **generate_kwargs) -> tuple[dict, list]:
+    """``n`` ``generate`` calls of three tokens sampled with `WARP` (seeded once): how often each 3-token outcome
+    came, and the outputs (``return_dict_in_generate``, for `assert_drafted`)."""
     torch.manual_seed(0)
     counts: dict = {}
     outs = []
     for _ in range(n):
-        out = target.generate(PROMPT, max_new_tokens=3, assistant_model=drafters["perturbed"], tree_policy=policy,
-                              verifier=verifier, tree_depth=3, return_dict_in_generate=True, **WARP,
-                              **fixed_budget(policy))  # trees every step
+        out = model.generate(prompt, max_new_tokens=3, return_dict_in_generate=True, **WARP, **generate_kwargs)
         outs.append(out)
         cell = tuple(out.sequences[0, -3:].tolist())
         counts[cell] = counts.get(cell, 0) + 1
+    return counts, outs
+
+
+@pytest.mark.parametrize("policy,verifier", [("salf", "nss"), ("eagle2", "nss"), ("chain", "naive")])
+def test_three_token_law_is_preserved(target, drafters, policy, verifier):
+    law = exact_law(target)
+    n = 600
+    counts, outs = sample_three_tokens(target, n, assistant_model=drafters["perturbed"], tree_policy=policy,
+                                       verifier=verifier, tree_depth=3, **fixed_budget(policy))  # trees every step
     assert_drafted(outs)
     assert all(out.drafted_steps == len(out.tree_sizes) for out in outs), "every step drafts a tree"
     assert chi_square_pvalue(counts, law, n) > 1e-3
@@ -87,14 +93,7 @@ def test_a_sharper_drafter_holds_the_acceptance_ratio_to_account(target):
     law = exact_law(target)
     drafter = sharpened(target)
     n = 600
-    torch.manual_seed(0)
-    counts: dict = {}
-    outs = []
-    for _ in range(n):
-        out = target.generate(PROMPT, max_new_tokens=3, assistant_model=drafter, tree_policy="iid", tree_paths=2,
-                              tree_depth=2, verifier="specinfer", return_dict_in_generate=True, **WARP)
-        outs.append(out)
-        cell = tuple(out.sequences[0, -3:].tolist())
-        counts[cell] = counts.get(cell, 0) + 1
+    counts, outs = sample_three_tokens(target, n, assistant_model=drafter, tree_policy="iid", tree_paths=2,
+                                       tree_depth=2, verifier="specinfer")
     assert_drafted(outs)
     assert chi_square_pvalue(counts, law, n) > 1e-3

@@ -24,7 +24,7 @@ from hf_treespec.compiled import openvino_step
 from hf_treespec.features import capture_hidden_states
 from hf_treespec.generation.plain import plain_generate
 from hf_treespec.tree import DraftTree
-from test_generate_sampling import PROMPT, WARP, chi_square_pvalue, exact_law
+from test_generate_sampling import chi_square_pvalue, exact_law, sample_three_tokens
 
 pytest.importorskip("openvino")
 
@@ -140,15 +140,8 @@ def test_sampling_preserves_the_target_law(pair):
     model, drafter = pair
     law = exact_law(model)
     n = 500
-    torch.manual_seed(0)
-    counts: dict = {}
-    outs = []
-    for _ in range(n):
-        out = model.generate(PROMPT, max_new_tokens=3, assistant_model=drafter, tree_policy="salf", tree_budget=6,
-                             compile_config=OPENVINO, return_dict_in_generate=True, **WARP)
-        outs.append(out)
-        cell = tuple(out.sequences[0, -3:].tolist())
-        counts[cell] = counts.get(cell, 0) + 1
+    counts, outs = sample_three_tokens(model, n, assistant_model=drafter, tree_policy="salf", tree_budget=6,
+                                       compile_config=OPENVINO)
     assert_drafted(outs)
     assert chi_square_pvalue(counts, law, n) > 1e-3
 
