@@ -9,15 +9,17 @@ from typing import Any
 import torch
 
 
-def _plain_logits(model, prompt, gen_kwargs, plain_tokens, compiled: bool = False) -> torch.Tensor:
-    """Plain greedy generate's raw logits ``[n, V]`` (untimed; only needed where a method diverged); with
-    ``compiled``, plain decoding's through the compiled target forward (`plain_generate`)."""
-    if compiled:
+def _plain_logits(model, prompt, gen_kwargs, plain_tokens, backend: str | None = None) -> torch.Tensor:
+    """Plain greedy generate's raw logits ``[n, V]`` (untimed; only needed where a method diverged); with a compile
+    ``backend`` (``"inductor"``: ``CompileConfig()``; ``"openvino"``: the OpenVINO step), plain decoding's through
+    that target forward (`plain_generate`)."""
+    if backend is not None:
         from transformers import CompileConfig
 
         from ..generation.plain import plain_generate
 
-        gen_kwargs = {**gen_kwargs, "custom_generate": plain_generate, "compile_config": CompileConfig()}
+        config = CompileConfig() if backend == "inductor" else CompileConfig(backend=backend)
+        gen_kwargs = {**gen_kwargs, "custom_generate": plain_generate, "compile_config": config}
     with torch.inference_mode():
         out = model.generate(prompt, attention_mask=torch.ones_like(prompt), **gen_kwargs, output_logits=True,
                              return_dict_in_generate=True)

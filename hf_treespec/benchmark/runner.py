@@ -368,7 +368,7 @@ def _median_run(runs: list[tuple[RunOutput, int]]) -> tuple[RunOutput, int, floa
 
 def _records(config, methods, questions, prompts, runs, model, tokenizer, gen_kwargs) -> list[QuestionResult]:
     records = []
-    reference_logits: dict[tuple[int, bool], torch.Tensor] = {}  # (question, through the compiled forward)
+    reference_logits: dict[tuple[int, str | None], torch.Tensor] = {}  # (question, compile backend or None)
     names = {m.name for m in methods}
     for qi, (question, prompt) in enumerate(zip(questions, prompts)):
         plain_tokens = _median_run(runs[(BASELINE, qi)])[0].tokens
@@ -402,15 +402,16 @@ def _records(config, methods, questions, prompts, runs, model, tokenizer, gen_kw
                 # a compiled method is held to plain decoding through the same compiled forward (compiled kernels
                 # round differently from eager ones), and to eager plain generate beside it
                 path = identity_reference(method.name, method.compile_backend, names)
-                same_path = path == COMPILED_BASELINE  # the logits at a divergence: eager, or that compiled forward
+                # the logits at a divergence: the reference's own forward (eager, or that compile backend's)
+                backend = method.compile_backend if path != BASELINE else None
                 reference = references.get(path, plain_tokens)
                 record.identical = torch.equal(tokens, reference)
                 if method.compiled:
                     record.identical_eager = torch.equal(tokens, plain_tokens)
                 if not record.identical:
-                    key = (qi, same_path)
+                    key = (qi, backend)
                     if key not in reference_logits:
-                        reference_logits[key] = _plain_logits(model, prompt, gen_kwargs, reference, same_path)
+                        reference_logits[key] = _plain_logits(model, prompt, gen_kwargs, reference, backend)
                     record.divergence = divergence(reference, tokens, reference_logits[key])
             records.append(record)
     return records
