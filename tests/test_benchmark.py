@@ -534,15 +534,19 @@ def test_cli_quick_style_run_with_auto_budget_cost_curve_and_hardware(tiny, ques
 @pytest.mark.slow  # compiles the tiny target with inductor (max_autotune): the longest tiny-model test
 def test_cli_quick_run_adds_the_compiled_rows(tiny, questions_file, tmp_path, capsys, monkeypatch):
     """--quick as shipped: plain decoding and tree:salf through the compiled target, its own cost curve, and compiled
-    rows held to plain decoding through the same compiled forward (counted against eager too). Without the openvino
+    rows held to plain decoding through the same compiled forward (counted against eager too); where OpenVINO is
+    installed, the same two rows through the OpenVINO step, held to its own plain decoding. Without OpenVINO GenAI's
     row (test_openvino_peer covers it): as where the [openvino] extra is not installed."""
+    from hf_treespec.compiled.openvino_export import openvino_installed
+
     monkeypatch.setenv("HF_TREESPEC_CACHE", str(tmp_path / "cache"))
     monkeypatch.setitem(sys.modules, "openvino_genai", None)
     summary = quick_run(tiny, questions_file, tmp_path)
     assert "Compiled target cost curve" in capsys.readouterr().out
     assert (tmp_path / "quick" / "cost_curves.png").stat().st_size > 0  # eager and compiled curves in one plot
+    step_rows = ["plain@compile=openvino", "tree:salf@compile=openvino"] if openvino_installed() else []
     assert [m["method"] for m in summary["methods"]] == [
-        "plain", "plain@compile=true", "assisted_lookup", "tree:salf", "tree:salf@compile=true"]
+        "plain", "plain@compile=true", "assisted_lookup", "tree:salf", "tree:salf@compile=true", *step_rows]
     settings = summary["settings"]
     assert settings["compile_failure"] is None and len(settings["compile_seconds"]) == 2
     assert settings["compiled_cost_curve"]["key"]["compiled"] == "inductor, freezing=True, max_autotune=True"
@@ -551,6 +555,9 @@ def test_cli_quick_run_adds_the_compiled_rows(tiny, questions_file, tmp_path, ca
     assert salf["identical"] == 2
     assert compiled["identical"] == 2 and compiled["identical_eager"] is not None
     assert compiled["speedup_compiled"] is not None and methods["plain"]["speedup_compiled"] is not None
+    if step_rows:  # fp32: the OpenVINO step's tree equals its plain decoding, which equals eager plain decoding here
+        assert methods["tree:salf@compile=openvino"]["identical"] == 2
+        assert methods["plain@compile=openvino"]["identical"] == 2
 
 
 

@@ -1,8 +1,10 @@
-"""The compiled target path: the target's forward compiled once per process over a preallocated KV cache.
+"""The compiled target path: the target's forward compiled once per process over a preallocated KV cache, or run
+by OpenVINO (`openvino_step`) with its KV cache kept in the engine.
 
-Opt in per call with ``generate(..., compile_config=CompileConfig())`` (or on ``model.generation_config``);
-``disable_compile=True`` turns it off. `hf_treespec.plain_generate` is plain decoding through the same compiled
-forward: the baseline a compiled tree run is measured against.
+Opt in per call with ``generate(..., compile_config=CompileConfig())`` (inductor) or
+``CompileConfig(backend="openvino")`` (or on ``model.generation_config``); ``disable_compile=True`` turns it off.
+`hf_treespec.plain_generate` is plain decoding through the same forward: the baseline a compiled tree run is
+measured against.
 """
 
 from .forward import (
