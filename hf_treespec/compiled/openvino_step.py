@@ -11,11 +11,11 @@ cache as an input cannot do (it copies the whole cache in every step). What this
   ``<cache>/openvino-steps/<key>``; the key covers the weights, the config, the captured layers and the versions of
   torch, transformers and OpenVINO. A later process reads the IR and compiles it for this CPU in seconds.
 - takes every step's mask explicitly, over every row the engine's cache holds: a tree step appends all its rows, and
-  the rows the verifier rejects stay in the cache, masked out of every later step (`hf_treespec.kv.stateful_kv`), so
-  nothing is copied to drop them.
+  the rows the verifier rejects stay in the cache, masked out of every later step (`hf_treespec.kv.stateful_kv`),
+  until they outnumber the live rows and one copy drops them (`compact`).
 
-The engine holds one sequence (batch 1). Eager decoding is the fallback, with one warning, where OpenVINO is not
-installed or the conversion fails.
+The engine holds one sequence (batch 1). Eager decoding is the fallback, with a warning, for a batch or a padded
+prompt, where OpenVINO is not installed, or where the conversion fails (`hf_treespec.generation.target`).
 """
 
 from __future__ import annotations
