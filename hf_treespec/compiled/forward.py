@@ -114,7 +114,7 @@ def settings_from_generation_config(generation_config, device: torch.device | st
     return CompileSettings.from_compile_config(config, device)
 
 
-def _reason(error: BaseException) -> str:
+def failure_reason(error: BaseException) -> str:
     """The root cause of a compiler failure in one line (dynamo wraps a backend's error in BackendCompilerFailed)."""
     while (inner := getattr(error, "inner_exception", None) or error.__cause__) is not None:
         error = inner
@@ -238,7 +238,7 @@ class CompiledForward:
             with self.settings.config_context():
                 out = self._compiled(input_ids, position_ids, mask, cache, **extra)
         except Exception as error:  # any compiler failure: decode eagerly instead
-            self.failure = _reason(error)
+            self.failure = failure_reason(error)
             logger.warning("hf_treespec: compiling the %s's forward failed (%s); decoding with its eager forward "
                            "instead (same tokens as eager decoding).", self.role, self.failure)
             first = cache.layers[0]

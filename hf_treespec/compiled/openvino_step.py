@@ -24,12 +24,14 @@ import logging
 import time
 import weakref
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from ..features import CapturedStates, decoder_layers
+from .forward import CompileSettings, failure_reason
 from .openvino_export import (
     IR_FILE, cached_ir, compile_ir, export_key, fp32_copy, from_numpy_as, half_output, to_torch,
 )
@@ -67,9 +69,11 @@ class _StepGraph(torch.nn.Module):
             layer.is_initialized = True
         captured: dict[int, torch.Tensor] = {}
         blocks = decoder_layers(self.model)
-        hooks = [blocks[i].register_forward_hook(
-            lambda module, args, output, i=i: captured.__setitem__(i, output[0] if isinstance(output, tuple) else output))
-            for i in set(self.layers)]
+
+        def store(module, args, output, layer: int) -> None:
+            captured[layer] = output[0] if isinstance(output, tuple) else output
+
+        hooks = [blocks[i].register_forward_hook(partial(store, layer=i)) for i in set(self.layers)]
         try:
             out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
                              logits_to_keep=logit_rows, use_cache=True, **{CACHE_KWARG: cache})
@@ -85,7 +89,6 @@ def _export(model: torch.nn.Module, layers: list[int], folder: Path) -> None:
     import openvino as ov
     import openvino.opset13 as ops
     from openvino._offline_transformations import apply_make_stateful_transformation
-
 
     config = model.config.get_text_config()
     kv_heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
@@ -162,14 +165,14 @@ class OpenVINOStep:
         try:
             self._compile()
         except Exception as error:  # any export or compile failure: the loop decodes eagerly
-            self.failure = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+            self.failure = failure_reason(error)
             logger.warning("hf_treespec: the OpenVINO target step is not available (%s); decoding with the eager "
                            "forward instead.", self.failure)
 
     def _compile(self) -> None:
         layers = _layer_outputs(self.model, self.layers)
-        folder, exported = cached_ir(export_key(self.model, "stateful target step", layers=layers), lambda out: _export(self.model, layers, out),
-                                     "target's forward")
+        key = export_key(self.model, "stateful target step", layers=layers)
+        folder, exported = cached_ir(key, lambda out: _export(self.model, layers, out), "target's forward")
         if exported is not None:
             self.compile_seconds["export"] = exported
         start = time.perf_counter()
@@ -178,11 +181,15 @@ class OpenVINOStep:
         self.compile_seconds["compile"] = time.perf_counter() - start
         self.folder = folder
 
-    def reset(self) -> None:
-        """Empties the engine's cache (a new sequence), after copying out the rows a returned cache still waits
-        for (`hf_treespec.kv.stateful_kv.EngineRows`)."""
+    def _copy_out_pending(self) -> None:
+        """Copies out the rows a returned cache still waits for (`hf_treespec.kv.stateful_kv.EngineRows`), before
+        the engine's cache changes under it."""
         for pending in list(self.pending_copies):
             pending.load()
+
+    def reset(self) -> None:
+        """Empties the engine's cache (a new sequence)."""
+        self._copy_out_pending()
         self._request.reset_state()
         self.held = 0
 
@@ -204,7 +211,7 @@ class OpenVINOStep:
         # the output buffers are reused by the next inference: copied out
         for slot in range(len(self.layers)):
             self._parts[slot] = to_torch(request.get_tensor(f"layer_{slot}"))
-        return torch.from_numpy(request.get_tensor("logits").data.copy())
+        return to_torch(request.get_tensor("logits"))
 
     def states(self, layers: tuple[int, ...]) -> CapturedStates | None:
         """The captured decoder-layer outputs of the last forward (``layers`` must be the engine's)."""
@@ -233,8 +240,7 @@ class OpenVINOStep:
     def compact(self, keep: torch.Tensor) -> None:
         """Keeps only the held rows ``keep`` (indices, in order) in the engine's cache: one copy of the cache, so
         that rejected rows stop costing attention (wide trees leave many)."""
-        for pending in list(self.pending_copies):  # a returned cache still reading these rows: copied out first
-            pending.load()
+        self._copy_out_pending()
         for state in self._request.query_state():
             current = state.state
             rows = np.ascontiguousarray(current.data[:, :, keep.numpy()])
@@ -245,8 +251,6 @@ class OpenVINOStep:
 def openvino_step_for(model: torch.nn.Module, settings, layers: tuple[int, ...]) -> OpenVINOStep:
     """The `OpenVINOStep` of ``model`` capturing ``layers``, kept on the model instance (one export and compile
     per process at most)."""
-    from .forward import CompileSettings
-
     store = model.__dict__.setdefault(_STORE, {})
     if tuple(layers) not in store:
         store[tuple(layers)] = OpenVINOStep(model, settings or CompileSettings(backend=BACKEND), tuple(layers))

@@ -15,7 +15,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..attention import additive_mask
 from ..compat import CACHE_KWARG
-from ..kv.stateful_kv import StatefulKV
+from ..kv.stateful_kv import hand_back
 from .config import GENERATE_ONLY_KWARGS
 from .components import check_empty_cache, returns_outside_inference_mode
 from .target import TargetForward, compiled_for_generation
@@ -81,7 +81,7 @@ def plain_decoding(
         mask = additive_mask(columns, model.dtype)[:, None, None, :] if target.explicit_masks else columns.long()
         logits, _ = target.step(tokens[:, None], position, mask)
     if target.engine is not None:  # the cache as eager decoding leaves it: every fed row (read when first used)
-        StatefulKV(target.engine, cache, target.engine.held).finish(torch.tensor([target.engine.held + 1]))
+        hand_back(target.engine, cache, torch.arange(target.engine.held))
     if streamer is not None:
         streamer.end()
     if not want_dict:

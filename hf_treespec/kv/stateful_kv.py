@@ -56,10 +56,15 @@ class StatefulKV:
     def finish(self, lengths: torch.Tensor) -> None:
         """The caller's cache gets the live rows (the first ``lengths[0] - 1``), as plain decoding leaves it: read
         from the engine when the caller first reads them (`EngineRowsLayer`), not before."""
-        keep = self.live.nonzero().squeeze(-1)[: int(lengths[0]) - 1]
-        rows = EngineRows(self.engine, keep)
-        for index in range(len(self.cache.layers)):
-            self.cache.layers[index] = EngineRowsLayer(rows, index)
+        hand_back(self.engine, self.cache, self.live.nonzero().squeeze(-1)[: int(lengths[0]) - 1])
+
+
+def hand_back(engine, cache, keep: torch.Tensor) -> None:
+    """Lays ``cache`` out as the engine's held rows ``keep`` (indices), each layer read from the engine when first
+    used (`EngineRowsLayer`): what a decoding loop over an engine returns as ``past_key_values``."""
+    rows = EngineRows(engine, keep)
+    for index in range(len(cache.layers)):
+        cache.layers[index] = EngineRowsLayer(rows, index)
 
 
 class EngineRows:
