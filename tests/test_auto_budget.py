@@ -366,6 +366,28 @@ def test_host_work_outside_the_forward_is_priced_into_step_costs():
     assert torch.allclose(costs[1:] - forwards[1:], torch.full((7,), 0.010, dtype=costs.dtype))
 
 
+def test_a_warm_up_step_only_lowers_cost_estimates():
+    # a call's first drafted step runs the drafter over the whole prompt (and new shapes for the first time): on the
+    # OpenVINO step it measured 18 ms a draft forward instead of 5, and that one sample priced every later tree out.
+    # Its times bound the steady costs from above: they may lower an estimate (a prior far too high), never raise it
+    speed = flat_speed()
+    drafted = dict(tree_scores=torch.full((4,), -0.7), on_path=torch.arange(4) < 2, rows=5, context=256,
+                   draft_forwards=2, tokens=3)
+    prior_draft, prior_curve = speed.draft_seconds(256), speed.curve.costs(8, 256).clone()
+    prior_acceptance = speed.acceptance.rates()
+    speed.observe_step(**drafted, draft_seconds=20 * prior_draft, verify_seconds=0.2, forward_seconds=0.15,
+                       other_seconds=0.05, warm_up=True)
+    assert speed.draft_seconds(256) == prior_draft and speed.host_seconds(True) == 0.0
+    assert torch.equal(speed.curve.costs(8, 256), prior_curve) and speed.steps.count == 0
+    assert not torch.equal(speed.acceptance.rates(), prior_acceptance)
+    assert TreeSizer(speed, 256).could_pay()
+    speed.observe_step(**drafted, draft_seconds=prior_draft / 2, verify_seconds=0.2, forward_seconds=0.15,
+                       other_seconds=0.05, warm_up=True)
+    assert speed.draft_seconds(256) == pytest.approx(prior_draft / 4) and speed.steps.count == 0
+    speed.observe_step(**drafted, draft_seconds=prior_draft, verify_seconds=PLAIN_STEP, other_seconds=0.001)
+    assert prior_draft / 4 < speed.draft_seconds(256) < prior_draft / 2 and speed.steps.count == 1  # steady: raises
+
+
 @pytest.mark.auto_budget
 def test_the_sizing_learns_each_step_with_its_host_tail(target, drafters, prompt, monkeypatch):
     # every verified step reaches the speed model once, after its tail (commits, emission) ended, the last one too
@@ -383,6 +405,9 @@ def test_the_sizing_learns_each_step_with_its_host_tail(target, drafters, prompt
     assert_drafted(out)
     assert len(seen) == len(out.tree_sizes)
     assert all(step["other_seconds"] > 0 and 0 < step["forward_seconds"] <= step["verify_seconds"] for step in seen)
+    # the call's first drafted step (the drafter's forward over the prompt) is its one warm-up
+    first = next(i for i, step in enumerate(seen) if step["draft_forwards"])
+    assert [step["warm_up"] for step in seen] == [i == first for i in range(len(seen))]
 
 
 def test_a_step_that_ran_the_drafter_but_kept_no_node_counts_as_drafted():

@@ -359,7 +359,7 @@ class SpeedModel:
     def observe_step(self, *, tree_scores: torch.Tensor, on_path: torch.Tensor, rows: int, context: int,
                      draft_seconds: float, draft_forwards: int, verify_seconds: float, tokens: int,
                      trees: int | None = None, other_seconds: float = 0.0, forward_seconds: float | None = None,
-                     held_size: int | None = None) -> None:
+                     held_size: int | None = None, warm_up: bool = False) -> None:
         """One verified step: ``tree_scores``/``on_path`` of its draft nodes (root excluded), ``rows`` verified per
         tree (root included), measured draft / verify time, tokens committed. A step whose drafter ran counts as
         drafted even when the cost rule then kept no node: it paid for the drafter. A batch step is observed once,
@@ -370,7 +370,11 @@ class SpeedModel:
         verification (commits, emission); ``forward_seconds``: the target forward alone, within ``verify_seconds``
         (the curve learns from it; the rest of ``verify_seconds`` and ``other_seconds`` are the step's host work);
         ``held_size``: the size the step held (`HeldSizes`), whose measured rate it updates. A step costs its whole
-        wall time: every decision compares draft + verify + other seconds."""
+        wall time: every decision compares draft + verify + other seconds. ``warm_up``: the step's times hold one-time
+        work of its generate call (the drafter's first forward over the whole prompt, a new shape's first run), so
+        they bound its costs from above: they may lower an estimate, never raise it, and the step's rate is not
+        counted (on the OpenVINO step the first drafted step of a process measured 18 ms a draft forward instead of
+        5, and that one sample priced every later tree out)."""
         self._context = context
         probing = bool(draft_forwards) and self._probing(context)  # the mode this step ran in, before any update
         # a batch whose rows finished runs narrower, cheaper steps that commit fewer tokens: neither its curve nor
@@ -381,11 +385,14 @@ class SpeedModel:
         if full and (verify_seconds > 0 or other_seconds > 0):
             # host work: the step's verification past the forward, its tail and, without a drafter, its sizing check
             check = 0.0 if draft_forwards else draft_seconds
-            self._host[rows > 1].add(max(verify_seconds - forward, 0.0) + other_seconds + check)
-        if full:
+            host = max(verify_seconds - forward, 0.0) + other_seconds + check
+            if not warm_up or host < self.host_seconds(rows > 1):
+                self._host[rows > 1].add(host)
+        if full and (not warm_up or forward < self.target_seconds(rows, context)):
             self.curve.observe(rows, context, forward)
-        if draft_forwards and full:
+        if draft_forwards and full and (not warm_up or draft_seconds / draft_forwards < self.draft_seconds(context)):
             self._draft.add(draft_seconds / draft_forwards)
+        full = full and not warm_up  # a warm-up step's tokens per second are not its kind's
         if rows > 1:
             self.acceptance.observe(tree_scores, on_path)
         total = draft_seconds + verify_seconds + other_seconds

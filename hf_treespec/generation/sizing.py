@@ -35,6 +35,7 @@ class TreeSizing:
         self._step: TreeSizer | None = None  # the sizer `may_draft` built for the current step
         self._pending: StepOutcome | None = None  # the verified step whose host tail is still running
         self._held: HeldSize | None = None  # the size held this step (None: the step is priced or draft-free)
+        self._drafted = False  # whether a drafted step of this call was observed (the first one is a warm-up)
 
     @classmethod
     def for_generation(cls, policy: TreePolicy, setup: DecodingSetup) -> "TreeSizing | None":
@@ -89,6 +90,9 @@ class TreeSizing:
         if outcome is None:
             return
         speed = self.speed
+        # the call's first drafted step pays once for the drafter's forward over the whole prompt
+        warm_up = bool(outcome.draft_rounds) and not self._drafted
+        self._drafted = self._drafted or warm_up
         if self._held is None and outcome.draft_rounds and self._step is not None and self._step.mode == "size":
             speed.held.record_priced([tree.num_nodes - 1 for tree in outcome.trees],
                                      Counter(outcome.shapes).most_common(1)[0][0])
@@ -102,5 +106,5 @@ class TreeSizing:
             draft_forwards=outcome.draft_rounds, verify_seconds=outcome.verify_seconds, tokens=outcome.tokens,
             trees=len(outcome.trees), other_seconds=other_seconds,
             forward_seconds=outcome.forward_seconds if outcome.forward_seconds > 0 else None,
-            held_size=None if self._held is None else self._held.max_nodes,
+            held_size=None if self._held is None else self._held.max_nodes, warm_up=warm_up,
         )
