@@ -20,24 +20,26 @@ QUICK_PRESET = {"num_questions": 5, "max_new_tokens": 64, "repeats": 1, "cost_cu
                 "overrides": ["tree.tree_budget=auto"]}
 #: the row --quick adds where the [openvino] extra is installed: OpenVINO GenAI's greedy loop, the CPU engine to beat
 QUICK_OPENVINO = "openvino"
-#: the rows --quick adds where the OpenVINO runtime is installed: plain and tree decoding through the OpenVINO target
-#: step (``compile_config=CompileConfig(backend="openvino")``)
-QUICK_OPENVINO_STEP = ["plain@compile=openvino", "tree:salf@compile=openvino"]
+#: where the OpenVINO runtime is installed, --quick's compiled rows run through the OpenVINO target step
+#: (``compile_config=CompileConfig(backend="openvino")``) instead of inductor's: the faster step on every CPU measured,
+#: ready in seconds where inductor compiles for minutes in every process
+QUICK_COMPILED_ROWS = {"plain@compile=true": "plain@compile=openvino",
+                       "tree:salf@compile=true": "tree:salf@compile=openvino"}
 
 
 def quick_preset() -> dict:
     """`QUICK_PRESET`, with OpenVINO GenAI's row after the stock peers where the ``[openvino]`` extra is installed
-    (without it the row is absent; ``--methods openvino`` then says how to install it), and the OpenVINO target
-    step's rows where the OpenVINO runtime is."""
+    (without it the row is absent; ``--methods openvino`` then says how to install it), and the compiled rows through
+    the OpenVINO target step where the OpenVINO runtime is (`QUICK_COMPILED_ROWS`)."""
     from .benchmark.openvino import openvino_available
     from .compiled.openvino_export import openvino_installed
 
     preset = {**QUICK_PRESET, "methods": list(QUICK_PRESET["methods"])}
     methods = preset["methods"]
+    if openvino_installed():
+        methods[:] = [QUICK_COMPILED_ROWS.get(method, method) for method in methods]
     if openvino_available():
         methods.insert(methods.index("assisted_lookup") + 1, QUICK_OPENVINO)
-    if openvino_installed():
-        methods += QUICK_OPENVINO_STEP
     return preset
 
 
@@ -48,8 +50,8 @@ class BenchOutput:
     out: str = field(default="bench_out", metadata=option("output folder"))
     quick: bool = field(default=False, metadata=option(
         "preset: plain generate, plain decoding through the compiled target (plain@compile=true), assisted_lookup, "
-        "and tree:salf with tree_budget=auto, eager and compiled, plain and tree:salf through the OpenVINO target "
-        "step (@compile=openvino) where OpenVINO is installed, and OpenVINO GenAI's greedy loop (openvino) where "
+        "and tree:salf with tree_budget=auto, eager and compiled (the compiled rows through the OpenVINO target "
+        "step, @compile=openvino, where OpenVINO is installed), and OpenVINO GenAI's greedy loop (openvino) where "
         "the [openvino] extra is installed (its first run on a machine exports the target to an OpenVINO IR: about "
         "4 minutes for SmolLM2-135M on 2 cores, most of it making optimum-intel's environment, then ~30 s per "
         "model; cached); 5 questions, 64 new tokens, "

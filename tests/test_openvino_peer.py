@@ -90,13 +90,14 @@ def test_quick_adds_the_openvino_rows_only_where_openvino_is_installed(monkeypat
 
     monkeypatch.setattr(ov_peer, "openvino_available", lambda: True)
     monkeypatch.setattr(ov_export, "openvino_installed", lambda: True)
-    methods = quick_preset()["methods"]
-    assert methods == ["plain", "plain@compile=true", "assisted_lookup", "openvino", "tree:salf",
-                       "tree:salf@compile=true", "plain@compile=openvino", "tree:salf@compile=openvino"]
-    assert QUICK_PRESET["methods"] == methods[:3] + methods[4:6]  # the constant is left as it is
+    methods = quick_preset()["methods"]  # the compiled rows through the OpenVINO step, GenAI's loop beside them
+    assert methods == ["plain", "plain@compile=openvino", "assisted_lookup", "openvino", "tree:salf",
+                       "tree:salf@compile=openvino"]
+    assert QUICK_PRESET["methods"] == ["plain", "plain@compile=true", "assisted_lookup", "tree:salf",
+                                       "tree:salf@compile=true"]  # the constant is left as it is
     monkeypatch.setattr(ov_peer, "openvino_available", lambda: False)  # the runtime alone: the step's rows
-    assert quick_preset()["methods"] == QUICK_PRESET["methods"] + methods[-2:]
-    monkeypatch.setattr(ov_export, "openvino_installed", lambda: False)
+    assert quick_preset()["methods"] == methods[:3] + methods[4:]
+    monkeypatch.setattr(ov_export, "openvino_installed", lambda: False)  # neither: inductor's compiled rows
     assert quick_preset()["methods"] == QUICK_PRESET["methods"]
 
 

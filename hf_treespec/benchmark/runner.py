@@ -255,7 +255,7 @@ def run_benchmark(
     with torch_threads(config.threads), ForwardCounter(model) as counter:
         curve = _cost_curve(model) if config.cost_curve else None
         methods, skipped = _warm_up(config, methods, model, drafters, prompts[0], gen_kwargs)
-        compiled = _compiled_forward(model) if any(m.compile_backend == "inductor" for m in methods) else None
+        compiled = _compiled_forward(model, {m.compile_backend for m in methods}, drafter)
         compiled_curve = _cost_curve(model, compiled) if config.cost_curve and compiled is not None else None
         runs = _timed_runs(config, methods, model, drafters, prompts, gen_kwargs, counter)
         records = _records(config, methods, questions, prompts, runs, model, tokenizer, gen_kwargs)
@@ -299,12 +299,25 @@ def _cost_curve(model, compiled=None):
     return load_or_calibrate(model, compiled=compiled)
 
 
-def _compiled_forward(model):
-    """The compiled forward ``@compile=true`` methods ran through (``compile_config=CompileConfig()`` asks for the
-    recommended settings)."""
-    from ..compiled import CompileSettings, compiled_forward_for
+def _compiled_forward(model, backends: set, drafter):
+    """The compiled target the run's compiled rows ran through, for the report's compiled cost curve and compile
+    settings: inductor's forward (``@compile=true``; ``compile_config=CompileConfig()`` asks for the recommended
+    settings), else the OpenVINO step (``@compile=openvino``, capturing the drafter's layers as the tree rows do);
+    None without compiled rows."""
+    from transformers import CompileConfig
 
-    return compiled_forward_for(model, CompileSettings.recommended(model.device))
+    from ..compiled import CompileSettings, compiled_forward_for
+    from ..compiled.openvino_step import BACKEND as OPENVINO
+    from ..compiled.openvino_step import openvino_step_for
+
+    if "inductor" in backends:
+        return compiled_forward_for(model, CompileSettings.recommended(model.device))
+    if OPENVINO in backends:
+        step = openvino_step_for(model, CompileSettings.from_compile_config(CompileConfig(backend=OPENVINO),
+                                                                            model.device),
+                                 tuple(getattr(drafter, "target_layers", None) or ()))
+        return step if step.failure is None else None
+    return None
 
 
 def _warm_up(config, methods, model, drafters, prompt, gen_kwargs) -> tuple[list[BenchMethod], dict[str, str]]:
