@@ -388,6 +388,18 @@ def test_a_warm_up_step_only_lowers_cost_estimates():
     assert prior_draft / 4 < speed.draft_seconds(256) < prior_draft / 2 and speed.steps.count == 1  # steady: raises
 
 
+def test_a_few_slow_first_draft_forwards_do_not_price_trees_out():
+    # the drafter's first forwards (each a shape's first run) measured 10-14 ms against 5 ms later on the OpenVINO
+    # step; an average seeded by them priced every tree out before the cost was measured again
+    speed = flat_speed()
+    for seconds in (0.014, 0.012, 0.005, 0.005, 0.006):
+        speed.observe_step(tree_scores=torch.full((4,), -0.7), on_path=torch.arange(4) < 2, rows=5, context=256,
+                           draft_seconds=seconds, draft_forwards=1, verify_seconds=PLAIN_STEP, tokens=2,
+                           other_seconds=0.001 if seconds > 0.01 else 0.0005)
+    assert speed.draft_seconds(256) == pytest.approx(0.006)
+    assert speed.host_seconds(True) == pytest.approx(0.0005)
+
+
 @pytest.mark.auto_budget
 def test_the_sizing_learns_each_step_with_its_host_tail(target, drafters, prompt, monkeypatch):
     # every verified step reaches the speed model once, after its tail (commits, emission) ended, the last one too

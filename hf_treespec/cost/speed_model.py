@@ -14,8 +14,10 @@ reference) and settings (see `speed_model_for`).
 from __future__ import annotations
 
 import math
+import statistics
 import weakref
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -119,6 +121,28 @@ class EMA:
 
     def add(self, x: float) -> None:
         self.value = x if self.value is None else self.value + self.rate * (x - self.value)
+
+
+#: samples a cost estimate keeps (`RecentMedian`)
+COST_WINDOW = 9
+
+
+@dataclass
+class RecentMedian:
+    """The median of the latest `COST_WINDOW` samples: the per-step costs (a draft forward, a step's host work). A
+    few slow samples (a shape's first run, a short stall) cannot move it far, where an average's first sample set it
+    outright: the drafter's first forwards on the OpenVINO step measured 10-14 ms against 5 ms later, and at twice its
+    cost no tree paid, so the drafter was switched off before its cost was measured again."""
+
+    window: int = COST_WINDOW
+    value: float | None = None
+    samples: deque = field(default_factory=deque)
+
+    def add(self, x: float) -> None:
+        self.samples.append(x)
+        if len(self.samples) > self.window:
+            self.samples.popleft()
+        self.value = statistics.median(self.samples)
 
 
 @dataclass(frozen=True)
@@ -243,11 +267,11 @@ class SpeedModel:
         self.batch = batch
         self.batched_drafting = batched_drafting
         self.acceptance = acceptance if acceptance is not None else AcceptanceTable()
-        self._draft = EMA()
+        self._draft = RecentMedian()
         self._draft_prior = draft_prior
         #: host seconds a step spends outside drafting and its forward (building inputs, verification, commits,
         #: emission), for steps without and with draft nodes: what the curve (forwards only) leaves out
-        self._host = {False: EMA(), True: EMA()}
+        self._host = {False: RecentMedian(), True: RecentMedian()}
         self._child = EMA()
         self.drafted = RateWindow()  # steps that ran the drafter (for inspection; the decision reads `gain`)
         self.plain = RateWindow()  # draft-free steps
@@ -281,9 +305,9 @@ class SpeedModel:
         return own if own is not None else (other if other is not None else 0.0)
 
     def draft_seconds(self, context: int) -> float:
-        """Seconds per draft round (one expansion of every row of the batch): the measured mean, or before any the
-        prior: ``draft_prior`` times the target's one-row step of the batch (batched drafting: one forward for every
-        row), or times it once per row (a drafter that expands row by row)."""
+        """Seconds per draft round (one expansion of every row of the batch): the median of the latest measured, or
+        before any the prior: ``draft_prior`` times the target's one-row step of the batch (batched drafting: one
+        forward for every row), or times it once per row (a drafter that expands row by row)."""
         if self._draft.value is not None:
             return self._draft.value
         one_row = self.curve(1, context)
