@@ -500,6 +500,27 @@ def test_calibration_is_cached_per_model(target, tmp_path):
     assert all(s > 0 for s in first.seconds[0])
 
 
+def test_a_disturbed_calibration_is_measured_again(target, tmp_path, monkeypatch):
+    # a cached curve of a real machine had 1.66 s for one row beside 62 ms for two (the cores were busy while it was
+    # measured), and sized every eager auto tree at 19 nodes; read back, such a curve is measured again
+    import hf_treespec.cost.curve as curve_module
+
+    first = load_or_calibrate(target, tmp_path, sizes=(1, 2, 4), contexts=(8,), repeats=1)
+    path = next((tmp_path / "latency").glob("*.json"))
+    data = json.loads(path.read_text())
+    data["seconds"][0][0] = 100 * data["seconds"][0][1]
+    path.write_text(json.dumps(data))
+    calls = []
+    clean = CostCurve([1, 2, 4], [8], [[0.010, 0.011, 0.013]], first.key)  # timings of a quiet machine
+    monkeypatch.setattr(curve_module, "calibrate_target", lambda *a, **k: calls.append(1) or clean)
+    assert curve_module.disturbed(CostCurve.from_json(data)) and not curve_module.disturbed(clean)
+    again = load_or_calibrate(target, tmp_path, sizes=(1, 2, 4), contexts=(8,), repeats=1)
+    assert calls == [1] and again.seconds == clean.seconds
+    assert json.loads(path.read_text())["seconds"] == clean.seconds
+    assert load_or_calibrate(target, tmp_path, sizes=(1, 2, 4), contexts=(8,), repeats=1).seconds == clean.seconds
+    assert calls == [1]  # read back now
+
+
 def test_calibrate_target_shape(target):
     c = calibrate_target(target, sizes=(1, 2), contexts=(4, 8), repeats=1)
     assert len(c.seconds) == 2 and len(c.seconds[0]) == 2 and "|" in c.table()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 import statistics
@@ -25,6 +26,8 @@ import torch
 from ..attention import additive_mask, causal_row_mask
 from .timing import sync
 
+logger = logging.getLogger(__name__)
+
 #: rows of one calibration forward (root included) and cached-context lengths measured
 CALIBRATION_SIZES = (1, 2, 4, 8, 16, 32, 64)
 CALIBRATION_CONTEXTS = (128, 512)
@@ -34,6 +37,10 @@ FIRST_USE_REPEATS = 5
 MAX_BATCH_ROWS = 64
 #: EMA weight of one online observation
 COST_RATE = 0.1
+#: a calibration in which one row count's forward cost this many times its neighbour's (twice or half the rows) was
+#: disturbed (another process held the cores): read from the cache, it is measured again. A cached curve of this
+#: machine had 1.66 s for one row beside 62 ms for two, and sized every eager auto tree at 19 nodes
+DISTURBED_RATIO = 3.0
 #: share of an observation's correction that every other point of the curve takes too: a machine slowed by another
 #: process slows forwards of every size, so a stretch of slow one-row steps moves the whole curve, not only its
 #: one-row cost (which, the curve being kept nondecreasing, flattened it and grew 25-row trees on a 2-core CPU)
@@ -305,14 +312,26 @@ def load_or_calibrate(model: torch.nn.Module, cache_dir: str | Path | None = Non
     if path.exists():
         try:
             curve = CostCurve.from_json(json.loads(path.read_text()))
-            if curve.key == key:
+            if curve.key == key and not disturbed(curve):
                 return curve
         except (ValueError, KeyError, TypeError):
-            pass  # unreadable or stale: measure again and overwrite
+            pass  # unreadable, stale or disturbed: measure again and overwrite
     kwargs.setdefault("repeats", FIRST_USE_REPEATS)
     curve = calibrate_target(model, compiled=compiled, batch=batch, **kwargs)
+    if disturbed(curve):  # once more: a disturbance of a few seconds is over by then
+        curve = calibrate_target(model, compiled=compiled, batch=batch, **kwargs)
+        if disturbed(curve):
+            logger.warning("hf_treespec: the target's cost curve was measured twice on a busy machine (neighbouring "
+                           "row counts differ by more than %gx); tree_budget='auto' starts from it and corrects it "
+                           "from real steps. `hf-treespec calibrate` measures it again.", DISTURBED_RATIO)
     write_atomically(path, json.dumps(curve.to_json(), indent=1))
     return curve
+
+
+def disturbed(curve: CostCurve) -> bool:
+    """Whether some row count's forward cost `DISTURBED_RATIO` times (or a fraction) its neighbour's at some context:
+    what a measurement the machine's other work interrupted looks like (neighbours differ by at most 2x in rows)."""
+    return any(max(a, b) > DISTURBED_RATIO * min(a, b) for row in curve.seconds for a, b in zip(row, row[1:]))
 
 
 def write_atomically(path: Path, text: str) -> None:
