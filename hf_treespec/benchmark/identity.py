@@ -14,12 +14,10 @@ def _plain_logits(model, prompt, gen_kwargs, plain_tokens, backend: str | None =
     ``backend`` (``"inductor"``: ``CompileConfig()``; ``"openvino"``: the OpenVINO step), plain decoding's through
     that target forward (`plain_generate`)."""
     if backend is not None:
-        from transformers import CompileConfig
-
         from ..generation.plain import plain_generate
+        from .methods import compile_config_for
 
-        config = CompileConfig() if backend == "inductor" else CompileConfig(backend=backend)
-        gen_kwargs = {**gen_kwargs, "custom_generate": plain_generate, "compile_config": config}
+        gen_kwargs = {**gen_kwargs, "custom_generate": plain_generate, "compile_config": compile_config_for(backend)}
     with torch.inference_mode():
         out = model.generate(prompt, attention_mask=torch.ones_like(prompt), **gen_kwargs, output_logits=True,
                              return_dict_in_generate=True)

@@ -47,6 +47,12 @@ COMPILE_SETTING = "compile"
 #: the values ``@compile=`` takes besides true / false: a named compile backend (``openvino``: the OpenVINO step,
 #: `hf_treespec.compiled.openvino_step`)
 COMPILE_BACKENDS = ("inductor", "openvino")
+
+
+def compile_config_for(backend: str) -> CompileConfig:
+    """The ``compile_config`` of a compile backend's rows: ``CompileConfig()`` for inductor (the recommended
+    settings), ``CompileConfig(backend=...)`` for another."""
+    return CompileConfig() if backend == "inductor" else CompileConfig(backend=backend)
 #: assistant-side settings that transformers reads from ``assistant_model.generation_config``, not generate kwargs
 ASSISTANT_CONFIG_KEYS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
 
@@ -174,7 +180,7 @@ class BenchMethod:
                   "return_dict_in_generate": True}
         backend = self.compile_backend
         if backend is not None:
-            kwargs["compile_config"] = CompileConfig() if backend == "inductor" else CompileConfig(backend=backend)
+            kwargs["compile_config"] = compile_config_for(backend)
         return {k: v for k, v in kwargs.items() if k not in ASSISTANT_CONFIG_KEYS}
 
     def collect(self, out: Any, prompt_len: int, seconds: float) -> RunOutput:

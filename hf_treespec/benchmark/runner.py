@@ -50,6 +50,7 @@ from .methods import (
     build_method,
     check_distinct,
     check_overrides,
+    compile_config_for,
     overrides_for,
     parse_override,
     parse_sweep,
@@ -304,8 +305,6 @@ def _compiled_forward(model, backends: set, drafter):
     settings: inductor's forward (``@compile=true``; ``compile_config=CompileConfig()`` asks for the recommended
     settings), else the OpenVINO step (``@compile=openvino``, capturing the drafter's layers as the tree rows do);
     None without compiled rows."""
-    from transformers import CompileConfig
-
     from ..compiled import CompileSettings, compiled_forward_for
     from ..compiled.openvino_step import BACKEND as OPENVINO
     from ..compiled.openvino_step import openvino_step_for
@@ -313,9 +312,8 @@ def _compiled_forward(model, backends: set, drafter):
     if "inductor" in backends:
         return compiled_forward_for(model, CompileSettings.recommended(model.device))
     if OPENVINO in backends:
-        step = openvino_step_for(model, CompileSettings.from_compile_config(CompileConfig(backend=OPENVINO),
-                                                                            model.device),
-                                 tuple(getattr(drafter, "target_layers", None) or ()))
+        settings = CompileSettings.from_compile_config(compile_config_for(OPENVINO), model.device)
+        step = openvino_step_for(model, settings, tuple(getattr(drafter, "target_layers", None) or ()))
         return step if step.failure is None else None
     return None
 

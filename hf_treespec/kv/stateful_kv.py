@@ -84,8 +84,28 @@ class EngineRows:
         return self.layers
 
 
+class _EngineTensor:
+    """``keys`` or ``values`` of an `EngineRowsLayer`: read from the engine on first access (a get or a set)."""
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.slot = "_" + name
+
+    def __get__(self, layer, owner=None):
+        if layer is None:
+            return self
+        layer._load()
+        return getattr(layer, self.slot)
+
+    def __set__(self, layer, value) -> None:
+        layer._load()
+        setattr(layer, self.slot, value)
+
+
 class EngineRowsLayer(DynamicLayer):
     """A ``DynamicLayer`` whose keys and values are an engine's rows (`EngineRows`), read when first used."""
+
+    keys = _EngineTensor()
+    values = _EngineTensor()
 
     def __init__(self, rows: EngineRows, index: int):
         self._source: tuple[EngineRows, int] | None = None
@@ -99,23 +119,3 @@ class EngineRowsLayer(DynamicLayer):
             rows, index = self._source
             self._source = None
             self._keys, self._values = rows.load()[index]
-
-    @property
-    def keys(self) -> torch.Tensor | None:
-        self._load()
-        return self._keys
-
-    @keys.setter
-    def keys(self, value) -> None:
-        self._load()
-        self._keys = value
-
-    @property
-    def values(self) -> torch.Tensor | None:
-        self._load()
-        return self._values
-
-    @values.setter
-    def values(self, value) -> None:
-        self._load()
-        self._values = value
