@@ -416,21 +416,21 @@ class SpeedModel:
             self.curve.observe(rows, context, forward)
         if draft_forwards and full and (not warm_up or draft_seconds / draft_forwards < self.draft_seconds(context)):
             self._draft.add(draft_seconds / draft_forwards)
-        full = full and not warm_up  # a warm-up step's tokens per second are not its kind's
+        rated = full and not warm_up  # a warm-up step's tokens per second are not its kind's
         if rows > 1:
             self.acceptance.observe(tree_scores, on_path)
         total = draft_seconds + verify_seconds + other_seconds
-        if held_size is not None and full and total > 0:
+        if held_size is not None and rated and total > 0:
             self.held.observe(held_size, tokens, total)
         if not draft_forwards:
             self._since_draft += 1
             if total > 0:
                 self._free_seconds += total
-                if full:
+                if rated:
                     self.plain.add(tokens, total)
             return
         self._since_draft, self._free_seconds = 0, 0.0
-        if total > 0 and full:
+        if total > 0 and rated:
             plain_rate = self.plain_rate(context)
             gain = tokens - plain_rate * total
             self.steps.add(tokens, total)
