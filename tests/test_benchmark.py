@@ -614,3 +614,12 @@ def test_batched_repeats_go_round_the_methods(monkeypatch):
     assert calls == ["plain", "tree:chain"] * 3
     plain, chain = rows
     assert (plain.seconds, chain.seconds) == (3.0, 5.0)  # medians of (3, 2, 4) and (1, 5, 6)
+
+
+def test_batched_speedup_over_compiled_plain_is_through_the_same_step():
+    """An OpenVINO row's ratio is over plain decoding through the OpenVINO step; eager and inductor rows' over
+    ``plain@compile=true``."""
+    from hf_treespec.benchmark.batched import compiled_reference
+
+    assert compiled_reference("openvino") == "plain@compile=openvino"
+    assert compiled_reference("inductor") == compiled_reference(None) == "plain@compile=true"

@@ -56,42 +56,59 @@ def _random_tree(generator: torch.Generator, root: int, nodes: int) -> DraftTree
     return tree
 
 
+def _padded_batch(seed: int, lengths=(9, 6, 11, 4)) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded prompts of ``lengths`` (pad id 0): ``input_ids`` and ``attention_mask``."""
+    width = max(lengths)
+    ids = torch.randint(1, VOCAB, (len(lengths), width), generator=torch.Generator().manual_seed(seed))
+    mask = (torch.arange(width)[None] >= width - torch.tensor(lengths)[:, None]).long()
+    return ids * mask, mask
+
+
 @pytest.mark.parametrize("compact_after", [10_000, 4])
 @torch.no_grad()
 def test_tree_logits_equal_eager_ones_with_rejected_rows_held(pair, compact_after):
-    """Steps of random trees with random accepted paths: every tree's logits through the engine (rejected rows of
-    earlier steps still in its cache, masked out, or compacted away) equal the eager model's over the committed
-    tokens and the tree."""
+    """Steps of random trees (a random size per sequence) with random accepted paths over a left-padded batch of
+    three, one sequence finishing midway: every tree's logits through the engine (rejected rows of earlier steps
+    still in its cache, masked out, or compacted away) equal the eager model's over the sequence's committed tokens
+    and the tree."""
+    from hf_treespec.generation.target import TargetForward
     from hf_treespec.kv.stateful_kv import StatefulKV
 
     model, _ = pair
     engine = openvino_step.openvino_step_for(model, None, ())
     assert engine.failure is None
     generator = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, VOCAB, (1, 7), generator=generator)
-    engine.reset()
-    kv = StatefulKV(engine, DynamicCache(config=model.config), prompt.shape[1])
+    ids, mask = _padded_batch(0, lengths=(7, 4, 6))
+    kv = StatefulKV(engine, DynamicCache(config=model.config), mask)
     kv.compact_after = compact_after  # 4: dead rows are dropped once they outnumber the live ones
-    engine(prompt, torch.arange(7)[None], additive_mask(torch.ones(7, 7, dtype=torch.bool).tril(), torch.float32)
-           [None, None])
-    committed = prompt[0].tolist()
+    TargetForward(model, None, (), engine).prefill(input_ids=ids, attention_mask=mask,
+                                                    position_ids=(mask.cumsum(-1) - 1).clamp(min=0))
+    committed = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
+    active, fed = [0, 1, 2], ids.shape[1]
     for step in range(10):
-        tree = _random_tree(generator, root=int(torch.randint(0, VOCAB, (1,), generator=generator)), nodes=8)
-        ids, positions, mask = kv.step_inputs([tree], torch.float32, "cpu", True)
-        logits = engine(ids, positions, mask)
-        for node in range(tree.num_nodes):  # the eager forward of the committed tokens and the node's path
-            path = tree.tokens[tree.path_to(node)].tolist()
-            reference = model(torch.tensor([committed + path])).logits[0, -1]
-            assert torch.allclose(logits[0, node], reference, atol=1e-4), (step, node)
-        leaf = int(torch.randint(0, tree.num_nodes, (1,), generator=generator))
-        accepted = tree.path_to(leaf)
-        kv.commit([accepted])
-        committed += tree.tokens[accepted].tolist()
-    fed = prompt.shape[1] + 10 * 8
+        if step == 5:  # sequence 1 finishes: it stays in the engine, fed dead rows
+            kv.retire(torch.tensor([True, False, True]))
+            active = [0, 2]
+        trees = [_random_tree(generator, int(torch.randint(0, VOCAB, (1,), generator=generator)),
+                              int(torch.randint(1, 9, (1,), generator=generator))) for _ in active]
+        step_ids, positions, step_mask = kv.step_inputs(trees, torch.float32, "cpu", True)
+        fed += step_ids.shape[1]
+        logits = engine(step_ids, positions, step_mask)
+        paths = []
+        for slot, (sequence, tree) in enumerate(zip(active, trees)):
+            for node in range(tree.num_nodes):  # the eager forward of the committed tokens and the node's path
+                path = tree.tokens[tree.path_to(node)].tolist()
+                reference = model(torch.tensor([committed[sequence] + path])).logits[0, -1]
+                assert torch.allclose(logits[slot, node], reference, atol=1e-4), (step, sequence, node)
+            leaf = int(torch.randint(0, tree.num_nodes, (1,), generator=generator))
+            paths.append(tree.path_to(leaf))
+            committed[sequence] += tree.tokens[paths[-1]].tolist()
+        kv.commit(paths)
+    longest = max(len(tokens) for tokens in committed)
     if compact_after > 1000:
-        assert engine.held == fed > len(committed)  # rejected rows stayed in the engine's cache
+        assert engine.held == fed > longest  # rejected rows stayed in the engine's cache
     else:
-        assert len(committed) <= engine.held < fed  # dead rows were dropped on the way
+        assert longest <= engine.held < fed  # dead rows (padding included) were dropped on the way
 
 
 @pytest.mark.parametrize("policy", [p for p in hf_treespec.list_policies() if p != "nde"] + ["auto"])
@@ -197,14 +214,52 @@ def test_failed_export_falls_back_to_eager_with_one_warning(monkeypatch, caplog,
     assert torch.equal(first, model.generate(ids, max_new_tokens=10, do_sample=False)) and torch.equal(first, second)
 
 
-def test_a_batch_decodes_eagerly_with_a_warning(pair, caplog):
+@pytest.mark.parametrize("policy", [p for p in hf_treespec.list_policies() if p != "nde"] + ["auto"])
+def test_a_padded_batch_equals_plain_decoding(pair, policy, caplog):
+    """Batch 4, left-padded prompts, through the engine (no fallback warning): every policy's greedy rows equal
+    plain decoding through the same engine and eager plain ``generate`` (fp32), rows finishing apart included."""
     model, drafter = pair
-    ids = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(8))
-    with caplog.at_level(logging.WARNING, logger="hf_treespec.generation.target"):
-        out = model.generate(ids, max_new_tokens=10, do_sample=False, assistant_model=drafter, tree_policy="salf",
-                             tree_budget=6, compile_config=OPENVINO)
-    assert any("one unpadded sequence" in r.getMessage() for r in caplog.records)
-    assert torch.equal(out, model.generate(ids, max_new_tokens=10, do_sample=False))
+    ids, mask = _padded_batch(8)
+    common = dict(attention_mask=mask, max_new_tokens=24, do_sample=False, pad_token_id=0)
+    eager = model.generate(ids, **common)
+    with caplog.at_level(logging.WARNING, logger="hf_treespec"):
+        plain = model.generate(ids, custom_generate=plain_generate, compile_config=OPENVINO, **common)
+        sizing = {"tree_policy": "salf", "tree_budget": "auto"} if policy == "auto" else fixed_budget(policy)
+        extra = {"c2t_classifier": confident_classifier()} if policy == "c2t" else {}
+        out = model.generate(ids, assistant_model=drafter, compile_config=OPENVINO, return_dict_in_generate=True,
+                             **common, **({"tree_policy": policy} | sizing), **extra)
+    assert not [r for r in caplog.records if "eager" in r.getMessage()]
+    if policy != "auto":
+        assert_drafted(out)
+    assert torch.equal(out.sequences, plain)
+    assert torch.equal(plain, eager)
+
+
+def test_a_batch_whose_rows_finish_apart_hands_back_each_rows_cache(pair):
+    """A stop token ends rows at different steps: finished rows stay in the engine, fed dead rows, and the cache
+    handed back holds each row's ``sequences[:, :-1]`` (the prompt's padding as zeros), as eager decoding computes
+    it; the sequences equal eager ``generate``'s."""
+    model, drafter = pair
+    ids, mask = _padded_batch(9)
+    eager = model.generate(ids, attention_mask=mask, max_new_tokens=30, do_sample=False, pad_token_id=0)
+    stop = int(eager[1, ids.shape[1] + 3])  # row 1 stops early on its fourth new token (others may too, later)
+    common = dict(attention_mask=mask, max_new_tokens=30, do_sample=False, pad_token_id=0, eos_token_id=stop)
+    reference = model.generate(ids, **common)
+    out = model.generate(ids, assistant_model=drafter, compile_config=OPENVINO, return_dict_in_generate=True,
+                         tree_policy="salf", tree_budget=6, **common)
+    assert_drafted(out)
+    assert torch.equal(out.sequences, reference)
+    ends = [int(ids.shape[1] + (row[ids.shape[1]:] != 0).sum()) for row in out.sequences]
+    assert len(set(ends)) > 1  # the rows finished apart
+    for row, end in enumerate(ends):
+        pads = int((mask[row] == 0).sum())
+        cache = DynamicCache(config=model.config)
+        model(out.sequences[row : row + 1, pads : end - 1], past_key_values=cache, use_cache=True)
+        for mine, theirs in zip(out.past_key_values.layers, cache.layers):
+            assert not mine.keys[row, :, :pads].any()
+            assert torch.allclose(mine.keys[row : row + 1, :, pads : end - 1], theirs.keys, atol=1e-4)
+            assert torch.allclose(mine.values[row : row + 1, :, pads : end - 1], theirs.values, atol=1e-4)
+            assert not mine.keys[row, :, end - 1 :].any()  # a hole after a shorter row's end
 
 
 def test_a_second_process_reuses_the_export(pair, step_cache, tmp_path):

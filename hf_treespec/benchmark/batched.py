@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from ..cost.hardware import detect
 from ..cost.timing import sync
 from .methods import BenchMethod, PlainGenerate, TreeMethod
-from .results import BASELINE, COMPILED_BASELINE, identity_reference, identity_text
+from .results import BASELINE, COMPILED_BASELINE, identity_reference, identity_text, plain_reference
 
 __all__ = ["BatchRow", "run_batched", "left_pad", "write_batched_report"]
 
@@ -44,7 +44,7 @@ class BatchRow:
     identical_eager_rows: int | None = None  # greedy, compiled methods: rows equal to eager plain `generate`'s
     rows: int = 0
     speedup: float | None = None
-    speedup_compiled: float | None = None  # over `COMPILED_BASELINE`'s tokens/s (None when the run has no such row)
+    speedup_compiled: float | None = None  # over `compiled_reference`'s tokens/s (None when the run has no such row)
 
     @property
     def tokens_per_second(self) -> float:
@@ -143,9 +143,10 @@ def run_batched(methods: list[BenchMethod], model, drafters: dict[str, Any], pro
                 if greedy:
                     _count_identical(usable, batch_rows, results)
             plain = results[usable[0].name]
-            compiled = results.get(COMPILED_BASELINE)
-            for record in results.values():
+            for method in usable:
+                record = results[method.name]
                 record.speedup = record.tokens_per_second / plain.tokens_per_second if plain.seconds else None
+                compiled = results.get(compiled_reference(method.compile_backend))
                 if compiled is not None and compiled.seconds:
                     record.speedup_compiled = record.tokens_per_second / compiled.tokens_per_second
             out_rows.extend(results.values())
@@ -154,6 +155,12 @@ def run_batched(methods: list[BenchMethod], model, drafters: dict[str, Any], pro
     finally:
         bar.close()
     return out_rows
+
+
+def compiled_reference(backend: str | None) -> str:
+    """The compiled plain row a method's ``speedup_compiled`` is over: plain decoding through the method's own
+    compiled step (``plain@compile=openvino`` for an OpenVINO row), `COMPILED_BASELINE` for an inductor or eager one."""
+    return COMPILED_BASELINE if backend in (None, "inductor") else plain_reference(backend)
 
 
 def _count_identical(methods: list[BenchMethod], batch_rows: dict[str, list[torch.Tensor]],
@@ -197,7 +204,9 @@ def write_batched_report(rows: list[BatchRow], settings: dict[str, Any], folder:
                      f" {tau} | {identical} |")
     table = "\n".join(lines) + "\n"
     if versus:
-        table += ("\nidentical: rows equal to plain decoding's through the same forward (`plain@compile=true` for "
+        table += ("\nvs compiled plain batched: over plain decoding through the row's own compiled step "
+                  "(`plain@compile=openvino` for `@compile=openvino` rows), else over `plain@compile=true`.\n"
+                  "identical: rows equal to plain decoding's through the same forward (`plain@compile=true` for "
                   "`@compile=true` rows, eager plain batched `generate` beside it); a greedy near-tie can round either "
                   "way between eager and compiled kernels.\n")
     (folder / "batched.md").write_text(table)

@@ -14,8 +14,12 @@ cache as an input cannot do (it copies the whole cache in every step). What this
   the rows the verifier rejects stay in the cache, masked out of every later step (`hf_treespec.kv.stateful_kv`),
   until they outnumber the live rows and one copy drops them (`compact`).
 
-The engine holds one sequence (batch 1). Eager decoding is the fallback, with a warning, for a batch or a padded
-prompt, where OpenVINO is not installed, or where the conversion fails (`hf_treespec.generation.target`).
+A batch rides on the same engine: its cache holds every sequence of the batch, all with the same number of rows
+(each step appends the widest tree's row count to every sequence; a smaller tree's padding rows are dead at once,
+and so is a left-padded prompt's padding). A sequence that finishes stays in the engine until the batch ends (its
+rows are the cache handed back), fed dead padding rows: removing it would copy its rows out first. Eager decoding is
+the fallback, with a warning, where OpenVINO is not installed, or where the conversion fails
+(`hf_treespec.generation.target`).
 """
 
 from __future__ import annotations
@@ -161,7 +165,9 @@ class OpenVINOStep:
         #: returned caches whose rows are still in the engine (weakly held: a cache nobody holds is never copied)
         self.pending_copies: weakref.WeakSet = weakref.WeakSet()
         self._parts: list[torch.Tensor | None] = [None] * len(self.layers)
-        self.held = 0  # rows in the engine's cache
+        self.held = 0  # rows in the engine's cache, the same for every sequence
+        self.sequences = 1  # sequences in the engine's cache (the batch of its prefill)
+        self.active = torch.arange(1)  # the sequences still decoding, in the caller's row order
         try:
             self._compile()
         except Exception as error:  # any export or compile failure: the loop decodes eagerly
@@ -177,7 +183,6 @@ class OpenVINOStep:
             self.compile_seconds["export"] = exported
         start = time.perf_counter()
         self._request = compile_ir(folder, self.model.dtype).create_infer_request()
-        self._beam = np.zeros(1, np.int32)
         self.compile_seconds["compile"] = time.perf_counter() - start
         self.folder = folder
 
@@ -187,31 +192,52 @@ class OpenVINOStep:
         for pending in list(self.pending_copies):
             pending.load()
 
-    def reset(self) -> None:
-        """Empties the engine's cache (a new sequence)."""
+    def reset(self, sequences: int = 1) -> None:
+        """Empties the engine's cache for ``sequences`` new sequences (a batch's prefill comes next)."""
         self._copy_out_pending()
         self._request.reset_state()
-        self.held = 0
+        self.held, self.sequences = 0, sequences
+        self.active = torch.arange(sequences)
+
+    def retire(self, keep: torch.Tensor) -> None:
+        """The active sequences not in ``keep`` (bool, one per active sequence) are done: later forwards feed them
+        dead rows and return nothing for them; their rows stay until the next `reset`."""
+        self.active = self.active[keep]
 
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
                  last_only: bool = False) -> torch.Tensor:
-        """One forward of ``input_ids`` ``[1, q]`` at ``position_ids``; ``attention_mask`` ``[1, 1, q, held + q]``
-        (additive) covers every row the cache holds, then the new ones. Returns the logits ``[1, q, V]`` (``[1, 1,
-        V]``, the last row's, with ``last_only``: a prompt's)."""
-        rows = input_ids.shape[1]
-        if input_ids.shape[0] != 1 or attention_mask.shape[-1] != self.held + rows:
-            raise ValueError(f"an OpenVINO step takes one sequence and a mask over the {self.held} held rows and "
+        """One forward of ``input_ids`` ``[B, q]`` (B: the active sequences) at ``position_ids``;
+        ``attention_mask`` ``[B, 1, q, held + q]`` (additive) covers every row the cache holds, then the new ones.
+        Returns the logits ``[B, q, V]`` (``[B, 1, V]``, the last row's, with ``last_only``: a prompt's)."""
+        batch, rows = input_ids.shape
+        if batch != len(self.active) or tuple(attention_mask.shape) != (batch, 1, rows, self.held + rows):
+            raise ValueError(f"this OpenVINO step takes the {len(self.active)} active sequences and a mask "
+                             f"[{len(self.active)}, 1, {rows}, {self.held + rows}] over the {self.held} held rows and "
                              f"the {rows} new ones; got input_ids {tuple(input_ids.shape)}, mask "
                              f"{tuple(attention_mask.shape)}.")
+        finished = batch < self.sequences
+        if finished:  # the finished sequences' slots: dead rows that see only themselves
+            input_ids, position_ids, attention_mask = self._with_finished(input_ids, position_ids, attention_mask)
         request = self._request
         request.infer({"input_ids": input_ids.numpy(), "position_ids": position_ids.numpy(),
-                       "attention_mask": attention_mask.float().numpy(), "beam_idx": self._beam,
+                       "attention_mask": attention_mask.float().numpy(),
+                       "beam_idx": np.arange(self.sequences, dtype=np.int32),
                        "logit_rows": np.arange(rows - 1 if last_only else 0, rows, dtype=np.int64)})
         self.held += rows
         # the output buffers are reused by the next inference: copied out
+        active = self.active if finished else slice(None)
         for slot in range(len(self.layers)):
-            self._parts[slot] = to_torch(request.get_tensor(f"layer_{slot}"))
-        return to_torch(request.get_tensor("logits"))
+            self._parts[slot] = to_torch(request.get_tensor(f"layer_{slot}"))[active]
+        return to_torch(request.get_tensor("logits"))[active]
+
+    def _with_finished(self, input_ids, position_ids, attention_mask):
+        rows = input_ids.shape[1]
+        ids = input_ids.new_zeros(self.sequences, rows)
+        positions = position_ids.new_zeros(self.sequences, rows)
+        mask = attention_mask.new_full((self.sequences, 1, rows, self.held + rows), torch.finfo(torch.float32).min)
+        mask[:, 0, :, self.held:].diagonal(dim1=-2, dim2=-1).fill_(0)
+        ids[self.active], positions[self.active], mask[self.active] = input_ids, position_ids, attention_mask
+        return ids, positions, mask
 
     def states(self, layers: tuple[int, ...]) -> CapturedStates | None:
         """The captured decoder-layer outputs of the last forward (``layers`` must be the engine's)."""
@@ -223,29 +249,39 @@ class OpenVINOStep:
         states.parts = list(self._parts)
         return states
 
-    def cache_rows(self, keep: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Each layer's ``(keys, values)`` at the held rows ``keep`` (indices), in the model's dtype: the cache as
-        plain decoding leaves it."""
+    def _caches(self):
+        """Each layer's ``(key, value)`` OpenVINO state, in layer order."""
         # the stateful transformation names each cache after its input and output: past_key_3present_key_3
         states = {state.name: state for state in self._request.query_state()}
-        out = []
-        for i in range(len(states) // 2):
-            pair = []
-            for kind in ("key", "value"):
-                data = to_torch(states[f"past_{kind}_{i}present_{kind}_{i}"].state)
-                pair.append(data[:, :, keep].to(self.model.dtype))
-            out.append(tuple(pair))
-        return out
+        return [tuple(states[f"past_{kind}_{i}present_{kind}_{i}"] for kind in ("key", "value"))
+                for i in range(len(states) // 2)]
+
+    def cache_rows(self, keep: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each layer's ``(keys, values)`` at the held rows ``keep``, in the model's dtype: the cache as plain
+        decoding leaves it. ``keep``: indices, the same for every sequence, or ``[sequences, width]`` per sequence,
+        ``-1`` where a shorter sequence has a hole (zeros come back there)."""
+        return [tuple(_rows(to_torch(state.state), keep).to(self.model.dtype) for state in pair)
+                for pair in self._caches()]
 
     def compact(self, keep: torch.Tensor) -> None:
-        """Keeps only the held rows ``keep`` (indices, in order) in the engine's cache: one copy of the cache, so
-        that rejected rows stop costing attention (wide trees leave many)."""
+        """Keeps only the held rows ``keep`` (as in `cache_rows`; in order) in the engine's cache: one copy of the
+        cache, so that rejected rows stop costing attention (wide trees leave many)."""
         self._copy_out_pending()
-        for state in self._request.query_state():
-            current = state.state
-            rows = np.ascontiguousarray(current.data[:, :, keep.numpy()])
-            state.state = from_numpy_as(rows, current.element_type)
-        self.held = int(keep.numel())
+        for pair in self._caches():
+            for state in pair:
+                current = state.state
+                data = current.data  # gathered as integers of the element's width: bf16 has no numpy type
+                rows = _rows(torch.from_numpy(data.view(f"i{data.itemsize}")), keep).numpy().view(data.dtype)
+                state.state = from_numpy_as(np.ascontiguousarray(rows), current.element_type)
+        self.held = int(keep.shape[-1])
+
+
+def _rows(cache: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """``cache`` ``[S, H, held, D]`` at rows ``keep`` (see `OpenVINOStep.cache_rows`)."""
+    if keep.dim() == 1:
+        return cache[:, :, keep]
+    index = keep.clamp(min=0)[:, None, :, None].expand(-1, cache.shape[1], -1, cache.shape[-1])
+    return cache.gather(2, index).masked_fill((keep < 0)[:, None, :, None], 0)
 
 
 def openvino_step_for(model: torch.nn.Module, settings, layers: tuple[int, ...]) -> OpenVINOStep:

@@ -85,8 +85,7 @@ class TreeDecodingLoop:
         # the target's pre-norm last state is captured (after the drafter's layers) only for policies that read it
         captured = self.layers + ((-1,) if "target_hidden" in self.needs else ())
         compiled = compiled_for_generation(model, cache, generation_config, sliding=self.windows is not None,
-                                           batch=self.batch, layers=captured,
-                                           unpadded=bool(self.prompt_mask.all()))
+                                           batch=self.batch, layers=captured)
         self.temperature, self.top_p = sampling_params(generation_config)
         setup = DecodingSetup(model, drafter, self.temperature, self.top_p, batch=self.batch, compiled=compiled)
         self.policy.setup(setup)

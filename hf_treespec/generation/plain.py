@@ -42,8 +42,7 @@ def plain_decoding(
     if prompt_mask is None:
         prompt_mask = torch.ones_like(input_ids)
     sliding = any(getattr(layer, "is_sliding", False) for layer in cache.layers)
-    compiled = compiled_for_generation(model, cache, generation_config, sliding, batch,
-                                       unpadded=bool(prompt_mask.all()))
+    compiled = compiled_for_generation(model, cache, generation_config, sliding, batch)
     target = TargetForward(model, cache, (), compiled)
     want_dict = generation_config.return_dict_in_generate
     scores = () if (want_dict and generation_config.output_scores) else None

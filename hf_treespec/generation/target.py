@@ -13,7 +13,7 @@ from contextlib import nullcontext
 
 import torch
 
-from ..attention import causal_row_mask
+from ..attention import additive_mask
 from ..compat import CACHE_KWARG
 from ..compiled import CompiledForward, compiled_forward_for, preallocate, settings_from_generation_config
 from ..compiled.openvino_export import INSTALL_HINT as OPENVINO_INSTALL_HINT
@@ -29,7 +29,7 @@ TREE_HEADROOM = 128
 
 
 def compiled_for_generation(model, cache, generation_config, sliding: bool, batch: int = 1,
-                            layers: tuple[int, ...] = (), unpadded: bool = True):
+                            layers: tuple[int, ...] = ()):
     """The compiled forward a ``generate`` call asks for (``compile_config``; `settings_from_generation_config`),
     with ``cache`` preallocated for it, or the `OpenVINOStep` that ``CompileConfig(backend="openvino")`` asks for
     (capturing decoder layers ``layers``); None: eager. A sliding-window target stays eager (its windows live in
@@ -44,7 +44,7 @@ def compiled_for_generation(model, cache, generation_config, sliding: bool, batc
                        "per layer type); decoding with the eager forward.")
         return None
     if settings.backend == OPENVINO:
-        return openvino_for_generation(model, settings, device, batch, layers, unpadded)
+        return openvino_for_generation(model, settings, device, layers)
     compiled = compiled_forward_for(model, settings)
     compiled.warm_up(batch)  # compiles what this batch shape has not compiled yet, in a fixed order (see warm_up)
     if compiled.failure is not None:
@@ -53,18 +53,14 @@ def compiled_for_generation(model, cache, generation_config, sliding: bool, batc
     return compiled
 
 
-def openvino_for_generation(model, settings, device, batch: int, layers: tuple[int, ...], unpadded: bool
-                            ) -> OpenVINOStep | None:
+def openvino_for_generation(model, settings, device, layers: tuple[int, ...]) -> OpenVINOStep | None:
     """The `OpenVINOStep` of ``model``, or None (eager) with a warning that says why: OpenVINO not installed, a
-    model not on the CPU, a batch or padded prompt (the engine holds one sequence), or (warned once, by the engine)
-    an export or compilation that failed."""
+    model not on the CPU, or (warned once, by the engine) an export or compilation that failed."""
     reason = None
     if not openvino_installed():
         reason = f"OpenVINO is not installed ({OPENVINO_INSTALL_HINT})"
     elif torch.device(device).type != "cpu":
         reason = f"the model is on {device}, and the OpenVINO step runs on the CPU"
-    elif batch != 1 or not unpadded:
-        reason = "the OpenVINO step holds one unpadded sequence; this call has a batch or a padded prompt"
     if reason is None:  # a failed export or compile warned once, when it failed; later calls decode eagerly
         step = openvino_step_for(model, settings, layers)
         return step if step.failure is None else None
@@ -94,14 +90,20 @@ class TargetForward:
 
     def prefill(self, **inputs) -> tuple[torch.Tensor, object]:
         """The prompt forward (``inputs``: what the model takes besides the cache): eager, or the engine's first
-        forward of a new sequence."""
+        forward of new sequences (a left-padded prompt's padding sees only itself and is seen by nothing)."""
         engine = self.engine
         if engine is None:
             return self._eager(inputs)
-        ids = inputs["input_ids"]
-        engine.reset()
-        mask = causal_row_mask(ids.shape[1], ids.shape[1], torch.float32, ids.device)
-        logits = engine(ids, torch.arange(ids.shape[1], device=ids.device)[None], mask, last_only=True)
+        ids = inputs["input_ids"].cpu()
+        batch, length = ids.shape
+        engine.reset(batch)
+        visible = torch.ones(length, length, dtype=torch.bool).tril().expand(batch, -1, -1)
+        prompt = inputs.get("attention_mask")
+        if prompt is not None:
+            visible = (visible & prompt.bool().cpu()[:, None, :]) | torch.eye(length, dtype=torch.bool)
+        positions = inputs.get("position_ids")
+        positions = torch.arange(length)[None].expand(batch, -1) if positions is None else positions.cpu()
+        logits = engine(ids, positions, additive_mask(visible, torch.float32)[:, None], last_only=True)
         return logits, engine.states(self.layers)
 
     def step(self, input_ids, position_ids, attention_mask=None) -> tuple[torch.Tensor, object]:

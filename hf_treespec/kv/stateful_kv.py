@@ -1,11 +1,13 @@
-"""`StatefulKV`: the `TargetKV` of one sequence whose cache lives inside an engine (`OpenVINOStep`).
+"""`StatefulKV`: the `TargetKV` of a batch whose cache lives inside an engine (`OpenVINOStep`).
 
-The engine appends every row a forward feeds and cannot drop rows in place. So rejected tree rows stay where they
-are, dead: the host keeps one bool per held row (``live``), and every step's mask shows a new row the live rows and
-its own ancestors in the tree. The accepted path's rows become live where they lie; their positions (the depth of
-each node after the committed tokens) were right when they were computed, so nothing moves. The cost is attention
-over dead rows, which the mask zeroes: small beside a forward's weight reads for small trees; when they outnumber
-the live rows (and `StatefulKV.compact_after`), the engine's cache is compacted in one copy.
+The engine appends every row a forward feeds, to every sequence alike, and cannot drop rows in place. So rejected
+tree rows stay where they are, dead: the host keeps one bool per held row of each sequence (``live``), and every
+step's mask shows a new row its sequence's live rows and its own ancestors in the tree. The accepted path's rows
+become live where they lie; their positions (the depth of each node after the committed tokens) were right when
+they were computed, so nothing moves. A left-padded prompt's padding, a smaller tree's padding nodes and the rows of
+a finished sequence are dead the same way. The cost is attention over dead rows, which the mask zeroes: small beside
+a forward's weight reads for small trees; when they outnumber the live rows (and `StatefulKV.compact_after`), the
+engine's cache is compacted in one copy.
 """
 
 from __future__ import annotations
@@ -18,49 +20,79 @@ from ..tree import DraftTree
 
 
 class StatefulKV:
-    """`TargetKV` of one unpadded prompt over an engine that holds the cache (``engine.held`` rows)."""
+    """`TargetKV` of the prompts ``prompt_mask`` (``[S, L]``, False at left padding) over an engine that holds the
+    cache (``engine.held`` rows per sequence)."""
 
     #: dead rows the engine may hold before they are dropped (`OpenVINOStep.compact`), or as many as live rows when
     #: those are more: a 4-node tree leaves ~3 a step, a 60-node DySpec tree ~58
     compact_after = 512
 
-    def __init__(self, engine, cache, prompt_len: int):
+    def __init__(self, engine, cache, prompt_mask: torch.Tensor):
         self.engine, self.cache = engine, cache
-        self.live = torch.ones(prompt_len, dtype=torch.bool)  # the prompt's rows, fed by the prefill
-        self.committed = prompt_len
+        self.live = prompt_mask.bool().cpu().clone()  # [S, held]: the prompts' real rows, fed by the prefill
+        self.pads = (~self.live).sum(-1)  # the prompts' left padding: zeros in the cache handed back
+        self.active = torch.arange(self.live.shape[0])  # the sequences still decoding
         self._fed = 0
 
     def step_inputs(self, trees: list[DraftTree], dtype, device, explicit_masks):
-        tree = trees[0]
-        nodes = tree.num_nodes
-        visible = torch.cat([self.live.expand(nodes, -1), tree.ancestor_mask().cpu()], dim=1)
-        ids = tree.tokens.cpu().view(1, nodes)
-        positions = (self.committed + tree.depth.cpu()).view(1, nodes)
-        self._fed = nodes
-        return ids, positions, additive_mask(visible, torch.float32)[None, None]
+        """Every active sequence's tree, packed to the widest (``n`` rows); a padding node sees only itself."""
+        held, n = self.live.shape[1], max(tree.num_nodes for tree in trees)
+        live = self.live[self.active]
+        ids = torch.zeros(len(trees), n, dtype=torch.long)
+        depth = torch.zeros(len(trees), n, dtype=torch.long)
+        visible = torch.zeros(len(trees), n, held + n, dtype=torch.bool)
+        visible[:, :, held:] = torch.eye(n, dtype=torch.bool)
+        for i, tree in enumerate(trees):  # one tensor copy per sequence: a tree's own fields, never a per-node loop
+            m = tree.num_nodes
+            ids[i, :m] = tree.tokens.cpu()
+            depth[i, :m] = tree.depth.cpu()
+            visible[i, :m, :held] = live[i]
+            visible[i, :m, held : held + m] = tree.ancestor_mask().cpu()
+        positions = live.sum(-1, keepdim=True) + depth  # real tokens so far: padding and dead rows skipped
+        self._fed = n
+        return ids, positions, additive_mask(visible, torch.float32)[:, None]
 
     def commit(self, accepted: list[torch.Tensor]) -> None:
-        path = accepted[0]
-        grown = torch.zeros(self.live.shape[0] + self._fed, dtype=torch.bool)
-        grown[: self.live.shape[0]] = self.live
-        grown[self.live.shape[0] + path] = True
-        self.live, self.committed = grown, self.committed + path.numel()
-        if self.live.shape[0] - self.committed > max(self.compact_after, self.committed):
+        held = self.live.shape[1]
+        grown = torch.zeros(self.live.shape[0], held + self._fed, dtype=torch.bool)
+        grown[:, :held] = self.live
+        counts = torch.tensor([int(path.numel()) for path in accepted])
+        grown[torch.repeat_interleave(self.active, counts), held + torch.cat([p.cpu() for p in accepted])] = True
+        self.live = grown
+        longest = int(self.live.sum(-1).max())
+        if self.live.shape[1] - longest > max(self.compact_after, longest):
             # dead rows past the threshold cost every step's attention more than one copy of the cache
-            self.engine.compact(self.live.nonzero().squeeze(-1))
-            self.live = torch.ones(self.committed, dtype=torch.bool)
+            keep = self._live_rows(longest)
+            self.engine.compact(keep)
+            self.live = keep >= 0
+
+    def _live_rows(self, width: int) -> torch.Tensor:
+        """``[S, width]``: each sequence's first ``width`` live rows (indices, in order), ``-1`` past its last."""
+        order = torch.sort((~self.live).to(torch.int8), dim=1, stable=True).indices[:, :width]
+        counts = self.live.sum(-1, keepdim=True)
+        return order.masked_fill(torch.arange(width)[None] >= counts, -1)
 
     def retire(self, keep: torch.Tensor) -> None:
-        """Nothing to move: when its one row finishes, the loop ends."""
+        """Finished sequences stay in the engine (their rows are the cache handed back); later steps feed them
+        dead rows (`OpenVINOStep.retire`)."""
+        self.active = self.active[keep]
+        self.engine.retire(keep)
 
     def finish(self, lengths: torch.Tensor) -> None:
-        """The caller's cache gets the live rows (the first ``lengths[0] - 1``), as plain decoding leaves it: read
-        from the engine when the caller first reads them (`EngineRowsLayer`), not before."""
-        hand_back(self.engine, self.cache, self.live.nonzero().squeeze(-1)[: int(lengths[0]) - 1])
+        """The caller's cache gets each sequence's rows of ``sequences[:, :-1]`` (``lengths``: every sequence's), as
+        plain decoding leaves it, the prompt's left padding as zeros: read from the engine when the caller first reads
+        them (`EngineRowsLayer`), not before."""
+        counts = (lengths.cpu() - 1 - self.pads).clamp(min=0)
+        rows = self._live_rows(int(counts.max()))
+        width = int((self.pads + counts).max())
+        keep = torch.full((self.live.shape[0], width), -1, dtype=torch.long)
+        for s, (pads, count) in enumerate(zip(self.pads.tolist(), counts.tolist())):  # once per call, not per step
+            keep[s, pads : pads + count] = rows[s, :count]
+        hand_back(self.engine, self.cache, keep)
 
 
 def hand_back(engine, cache, keep: torch.Tensor) -> None:
-    """Lays ``cache`` out as the engine's held rows ``keep`` (indices), each layer read from the engine when first
+    """Lays ``cache`` out as the engine's held rows ``keep`` (see `OpenVINOStep.cache_rows`), each layer read from the engine when first
     used (`EngineRowsLayer`): what a decoding loop over an engine returns as ``past_key_values``."""
     rows = EngineRows(engine, keep)
     for index in range(len(cache.layers)):

@@ -46,7 +46,7 @@ def target_kv(cache: DynamicCache, prompt_mask: torch.Tensor, windows: TreeWindo
     """`StatefulKV` where an engine holds the cache (``engine.owns_cache``), else `OneRowKV` for one prompt without
     padding, else `RaggedKV`."""
     if getattr(engine, "owns_cache", False):
-        return StatefulKV(engine, cache, prompt_mask.shape[1])
+        return StatefulKV(engine, cache, prompt_mask)
     if prompt_mask.shape[0] == 1 and bool(prompt_mask.all()):
         return OneRowKV(cache, prompt_mask.shape[1], windows)
     return RaggedKV(cache, prompt_mask, windows)
