@@ -145,7 +145,7 @@ def _export(model: torch.nn.Module, layers: list[int], folder: Path) -> None:
 
 @dataclass(eq=False)
 class OpenVINOStep:
-    """The target's forwards through OpenVINO for one sequence, its KV cache inside the engine.
+    """The target's forwards through OpenVINO for a batch of sequences, their KV cache inside the engine.
 
     ``__call__`` appends a step's rows to the cache and returns their logits; `states` reads the captured layers.
     Attributes mirror `hf_treespec.compiled.CompiledForward`'s: ``failure`` (why the engine is not used) and
