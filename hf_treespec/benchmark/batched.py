@@ -5,8 +5,9 @@ transformers requires for decoder-only batched generation, and every method gene
 interleaved per batch so drift on a noisy machine hits them alike. A method's throughput is the real tokens it
 generated (up to each row's EOS / length) over its summed wall time; its speedup is that over plain batched
 ``generate``'s in the same run (and over plain decoding through the method's compiled step, ``plain@compile=true`` or
-``plain@compile=openvino``, when the run has that row: `compiled_reference`). Greedy rows are checked token for token against plain decoding through the same forward: plain
-batched ``generate`` for eager methods, ``plain@compile=true`` for ``@compile=true`` ones (eager plain counted beside).
+``plain@compile=openvino``, when the run has that row: `compiled_reference`). Greedy rows are checked token for
+token against plain decoding through the same forward: plain batched ``generate`` for eager methods, the plain row of
+the method's compile backend for compiled ones (eager plain counted beside).
 transformers' assisted generation refuses batches, so only ``plain`` and ``tree:<policy>`` methods run here.
 """
 
