@@ -92,8 +92,8 @@ class StatefulKV:
 
 
 def hand_back(engine, cache, keep: torch.Tensor) -> None:
-    """Lays ``cache`` out as the engine's held rows ``keep`` (see `OpenVINOStep.cache_rows`), each layer read from the engine when first
-    used (`EngineRowsLayer`): what a decoding loop over an engine returns as ``past_key_values``."""
+    """Lays ``cache`` out as the engine's held rows ``keep`` (see `OpenVINOStep.cache_rows`), each layer read from the
+    engine when first used (`EngineRowsLayer`): what a decoding loop over an engine returns as ``past_key_values``."""
     rows = EngineRows(engine, keep)
     for index in range(len(cache.layers)):
         cache.layers[index] = EngineRowsLayer(rows, index)
