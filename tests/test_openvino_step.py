@@ -262,6 +262,26 @@ def test_a_batch_whose_rows_finish_apart_hands_back_each_rows_cache(pair):
             assert not mine.keys[row, :, end - 1 :].any()  # a hole after a shorter row's end
 
 
+def test_a_batchs_cost_curve_is_measured_at_its_batch_size(pair, monkeypatch):
+    """``tree_budget="auto"`` prices a batch's steps on a curve of ``[batch, rows]`` forwards: calibrated through the
+    engine, every timed forward feeds the batch's sequences (not one)."""
+    from hf_treespec.cost.curve import calibrate_target
+
+    model, _ = pair
+    engine = openvino_step.openvino_step_for(model, None, ())
+    fed = []
+    forward = openvino_step.OpenVINOStep.__call__
+
+    def recording(self, input_ids, *args, **kwargs):
+        fed.append(int(input_ids.shape[0]))
+        return forward(self, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(openvino_step.OpenVINOStep, "__call__", recording)
+    curve = calibrate_target(model, sizes=(1, 4), contexts=(8, 16), repeats=2, compiled=engine, batch=3)
+    assert fed and set(fed) == {3}
+    assert curve.key["batch"] == 3 and all(seconds > 0 for row in curve.seconds for seconds in row)
+
+
 def test_a_second_process_reuses_the_export(pair, step_cache, tmp_path):
     """The IR is exported once per machine: a second process finds it and is ready in seconds."""
     script = tmp_path / "ready.py"

@@ -223,8 +223,8 @@ def calibrate_target(
     gen = torch.Generator().manual_seed(0)
     seconds = []
     if getattr(compiled, "owns_cache", False):
-        return CostCurve(list(sizes), list(contexts), _engine_seconds(compiled, sizes, contexts, repeats, vocab, gen),
-                         model_key(model, compiled=compiled, batch=batch))
+        seconds = _engine_seconds(compiled, sizes, contexts, repeats, vocab, gen, batch)
+        return CostCurve(list(sizes), list(contexts), seconds, model_key(model, compiled=compiled, batch=batch))
     for context in contexts:
         cache = _prefilled_cache(model, batch, context, gen, capacity=context + max(sizes) if compiled else None)
         row = []
@@ -251,27 +251,28 @@ def calibrate_target(
     return CostCurve(list(sizes), list(contexts), seconds, model_key(model, compiled=compiled, batch=batch))
 
 
-def _engine_seconds(engine, sizes, contexts, repeats: int, vocab: int, generator: torch.Generator
+def _engine_seconds(engine, sizes, contexts, repeats: int, vocab: int, generator: torch.Generator, batch: int = 1
                     ) -> list[list[float]]:
-    """`calibrate_target`'s grid through an engine that holds the cache (`OpenVINOStep`): it cannot drop rows, so
-    each timed forward's rows stay held and masked out of the next, as rejected tree rows are in decoding."""
+    """`calibrate_target`'s grid through an engine that holds the cache (`OpenVINOStep`), ``batch`` sequences at a
+    time: it cannot drop rows, so each timed forward's rows stay held and masked out of the next, as rejected tree
+    rows are in decoding."""
     seconds = []
     for context in contexts:
-        engine.reset()
-        prompt = torch.randint(0, vocab, (1, context), generator=generator)
-        engine(prompt, torch.arange(context)[None], causal_row_mask(context, context, torch.float32, "cpu"),
-               last_only=True)
+        engine.reset(batch)
+        prompt = torch.randint(0, vocab, (batch, context), generator=generator)
+        engine(prompt, torch.arange(context)[None].expand(batch, -1),
+               causal_row_mask(context, context, torch.float32, "cpu").expand(batch, -1, -1, -1), last_only=True)
         row = []
         for rows in sizes:
-            ids = torch.randint(0, vocab, (1, rows), generator=generator)
-            positions = torch.arange(context, context + rows)[None]
+            ids = torch.randint(0, vocab, (batch, rows), generator=generator)
+            positions = torch.arange(context, context + rows)[None].expand(batch, -1)
             times = []
             warm_up = rows == sizes[0]
             for attempt in range(repeats + warm_up):
                 visible = torch.zeros(rows, engine.held + rows, dtype=torch.bool)
                 visible[:, :context] = True
                 visible[:, engine.held:] = torch.ones(rows, rows, dtype=torch.bool).tril()
-                mask = additive_mask(visible, torch.float32)[None, None]
+                mask = additive_mask(visible, torch.float32)[None, None].expand(batch, -1, -1, -1)
                 t0 = time.perf_counter()
                 engine(ids, positions, mask)
                 if attempt or not warm_up:
