@@ -10,7 +10,6 @@ import pytest
 import torch
 
 import hf_treespec
-from hf_treespec.cost import forget_speed_models
 from hf_treespec.cost.hardware import Hardware, cpu_info, detect
 from hf_treespec.cost.speed_model import (
     PROBE_BUDGET,
@@ -389,18 +388,6 @@ def test_a_warm_up_step_only_lowers_cost_estimates():
     assert prior_draft / 4 < speed.draft_seconds(256) < prior_draft / 2 and speed.steps.count == 1  # steady: raises
 
 
-def test_a_warm_up_draft_free_step_is_not_the_draft_free_rate():
-    # a call's first step carries its one-time work: as the only measured draft-free rate (23.8 ms a step at batch 4
-    # on the OpenVINO step against 19 later) it made 1-node trees that lost 26% look within noise of plain decoding
-    speed = flat_speed()
-    free = dict(tree_scores=torch.zeros(0), on_path=torch.zeros(0, dtype=torch.bool), rows=1, context=256,
-                draft_seconds=0.0, draft_forwards=0, tokens=1, other_seconds=0.001)
-    speed.observe_step(**free, verify_seconds=3 * PLAIN_STEP, warm_up=True)
-    assert speed.plain.rate is None
-    speed.observe_step(**free, verify_seconds=PLAIN_STEP)
-    assert speed.plain.rate == pytest.approx(1 / (PLAIN_STEP + 0.001))
-
-
 def test_a_few_slow_first_draft_forwards_do_not_price_trees_out():
     # the drafter's first forwards (each a shape's first run) measured 10-14 ms against 5 ms later on the OpenVINO
     # step; an average seeded by them priced every tree out before the cost was measured again
@@ -425,15 +412,14 @@ def test_the_sizing_learns_each_step_with_its_host_tail(target, drafters, prompt
 
     monkeypatch.setattr(SpeedModel, "observe_step", record)
     monkeypatch.setattr("hf_treespec.cost.speed_model.load_or_calibrate", lambda model, *a, **k: FLAT)
-    forget_speed_models(target)  # a fresh speed model: what earlier tests taught it may switch drafting off
     out = target.generate(prompt, do_sample=False, max_new_tokens=12, assistant_model=drafters["perturbed"],
                           tree_policy="salf", return_dict_in_generate=True)
     assert_drafted(out)
     assert len(seen) == len(out.tree_sizes)
     assert all(step["other_seconds"] > 0 and 0 < step["forward_seconds"] <= step["verify_seconds"] for step in seen)
-    # the call's first step and its first drafted step (the drafter's forward over the prompt) are its warm-ups
+    # the call's first drafted step (the drafter's forward over the prompt) is its one warm-up
     first = next(i for i, step in enumerate(seen) if step["draft_forwards"])
-    assert [step["warm_up"] for step in seen] == [i in (0, first) for i in range(len(seen))]
+    assert [step["warm_up"] for step in seen] == [i == first for i in range(len(seen))]
 
 
 def test_a_step_that_ran_the_drafter_but_kept_no_node_counts_as_drafted():

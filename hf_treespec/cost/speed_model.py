@@ -410,8 +410,7 @@ class SpeedModel:
             # host work: the step's verification past the forward, its tail and, without a drafter, its sizing check
             check = 0.0 if draft_forwards else draft_seconds
             host = max(verify_seconds - forward, 0.0) + other_seconds + check
-            # a drafted warm-up's host work holds the drafter's one-time work; a draft-free one's is the loop's own
-            if not (warm_up and draft_forwards) or host < self.host_seconds(rows > 1):
+            if not warm_up or host < self.host_seconds(rows > 1):
                 self._host[rows > 1].add(host)
         if full and (not warm_up or forward < self.target_seconds(rows, context)):
             self.curve.observe(rows, context, forward)

@@ -36,7 +36,6 @@ class TreeSizing:
         self._pending: StepOutcome | None = None  # the verified step whose host tail is still running
         self._held: HeldSize | None = None  # the size held this step (None: the step is priced or draft-free)
         self._drafted = False  # whether a drafted step of this call was observed (the first one is a warm-up)
-        self._stepped = False  # whether any step of this call was observed (the first one is a warm-up)
 
     @classmethod
     def for_generation(cls, policy: TreePolicy, setup: DecodingSetup) -> "TreeSizing | None":
@@ -91,13 +90,9 @@ class TreeSizing:
         if outcome is None:
             return
         speed = self.speed
-        # the call's first drafted step pays once for the drafter's forward over the whole prompt; its first step,
-        # drafted or not, for whatever ran first in the call (a draft-free first step measured 23.8 ms at batch 4
-        # on the OpenVINO step against 19 later, and as the one measured draft-free rate it let losing trees look
-        # within noise of it)
-        first_drafted = bool(outcome.draft_rounds) and not self._drafted
-        warm_up = first_drafted or not self._stepped
-        self._drafted, self._stepped = self._drafted or first_drafted, True
+        # the call's first drafted step pays once for the drafter's forward over the whole prompt
+        warm_up = bool(outcome.draft_rounds) and not self._drafted
+        self._drafted = self._drafted or warm_up
         if self._held is None and outcome.draft_rounds and self._step is not None and self._step.mode == "size":
             speed.held.record_priced([tree.num_nodes - 1 for tree in outcome.trees],
                                      Counter(outcome.shapes).most_common(1)[0][0])
