@@ -35,6 +35,21 @@ def _layers(cache: DynamicCache):
             yield layer
 
 
+def packed_trees(trees: list[DraftTree]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every tree packed to the widest (``n`` nodes), on the host: ``[B, n]`` tokens and depths (0 at padding nodes)
+    and the ``[B, n, n]`` visibility among the packed nodes (each node its ancestors, a padding node only itself)."""
+    n = max(tree.num_nodes for tree in trees)
+    ids = torch.zeros(len(trees), n, dtype=torch.long)
+    depth = torch.zeros(len(trees), n, dtype=torch.long)
+    among = torch.eye(n, dtype=torch.bool).repeat(len(trees), 1, 1)
+    for i, tree in enumerate(trees):  # one tensor copy per row: a tree's own fields, never a per-node loop
+        m = tree.num_nodes
+        ids[i, :m] = tree.tokens
+        depth[i, :m] = tree.depth
+        among[i, :m, :m] = tree.ancestor_mask()
+    return ids, depth, among
+
+
 class RaggedKV:
     """Bookkeeping of the target cache of a batch (host tensors; the cache itself stays on the model's device).
 
@@ -80,18 +95,11 @@ class RaggedKV:
         real node sees it. Sliding windows (`TreeWindows`) are applied per row over position ids: left padding
         comes first, so two real tokens are as far apart in positions as in cache columns, as plain batched
         ``generate`` counts the window. The mask is always explicit (padding and holes)."""
-        sizes = torch.tensor([t.num_nodes for t in trees])
-        batch, width, n = len(trees), self.width, int(sizes.max())
-        ids = torch.zeros(batch, n, dtype=torch.long)
-        depth = torch.zeros(batch, n, dtype=torch.long)
-        visible = torch.zeros(batch, n, width + n, dtype=torch.bool)
+        ids, depth, among = packed_trees(trees)
+        width, n = self.width, ids.shape[1]
+        visible = torch.zeros(len(trees), n, width + n, dtype=torch.bool)
         visible[:, :, :width] = self.valid()[:, None, :]
-        visible[:, :, width:] = torch.eye(n, dtype=torch.bool)  # padding nodes: themselves only
-        for i, tree in enumerate(trees):  # one tensor copy per row: a tree's own fields, never a per-node loop
-            m = tree.num_nodes
-            ids[i, :m] = tree.tokens
-            depth[i, :m] = tree.depth
-            visible[i, :m, width : width + m] = tree.ancestor_mask()
+        visible[:, :, width:] = among
         positions = self.positions()[:, None] + depth
         if self.windows is None:
             ids, positions, visible = to_device(device, ids, positions, visible)

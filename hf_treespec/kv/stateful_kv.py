@@ -17,6 +17,7 @@ from transformers.cache_utils import DynamicLayer
 
 from ..attention import additive_mask
 from ..tree import DraftTree
+from .ragged import packed_trees
 
 
 class StatefulKV:
@@ -36,18 +37,10 @@ class StatefulKV:
 
     def step_inputs(self, trees: list[DraftTree], dtype, device, explicit_masks):
         """Every active sequence's tree, packed to the widest (``n`` rows); a padding node sees only itself."""
-        held, n = self.live.shape[1], max(tree.num_nodes for tree in trees)
-        live = self.live[self.active]
-        ids = torch.zeros(len(trees), n, dtype=torch.long)
-        depth = torch.zeros(len(trees), n, dtype=torch.long)
-        visible = torch.zeros(len(trees), n, held + n, dtype=torch.bool)
-        visible[:, :, held:] = torch.eye(n, dtype=torch.bool)
-        for i, tree in enumerate(trees):  # one tensor copy per sequence: a tree's own fields, never a per-node loop
-            m = tree.num_nodes
-            ids[i, :m] = tree.tokens.cpu()
-            depth[i, :m] = tree.depth.cpu()
-            visible[i, :m, :held] = live[i]
-            visible[i, :m, held : held + m] = tree.ancestor_mask().cpu()
+        ids, depth, among = packed_trees(trees)
+        live, n = self.live[self.active], ids.shape[1]
+        real = torch.arange(n)[None] < torch.tensor([tree.num_nodes for tree in trees])[:, None]
+        visible = torch.cat([live[:, None, :] & real[:, :, None], among], dim=2)
         positions = live.sum(-1, keepdim=True) + depth  # real tokens so far: padding and dead rows skipped
         self._fed = n
         return ids, positions, additive_mask(visible, torch.float32)[:, None]
