@@ -90,7 +90,7 @@ class TreeSizer:
     def could_pay(self, max_depth: int = AUTO_MAX_NODES) -> bool:
         """Whether any tree could beat a draft-free step this step: an upper bound over every policy's trees. A tree
         of depth d takes at least d draft forwards, verifies at least d + 1 rows and commits at most d + 1 tokens,
-        so it is never faster than ``(1 + d) / (d * t_draft + c(1 + d))``. False in "skip" mode, True in "probe"
+        so it is never faster than ``(1 + d) / (d * t_draft + c(1 + d))``. False in "skip" and "control" modes, True in "probe"
         mode (a probe drafts regardless). Lets a batch skip every row's policy when no row could draft."""
         if self.mode != "size":
             return self.mode == "probe"
@@ -183,7 +183,7 @@ class TreeSizer:
         (l * t_draft + c(nodes_of(k, l) + 1))`` with the per-depth acceptance learned online; None when no shape
         beats a draft-free step (a probe step then drafts the smallest shape). The policy returns its choice with
         the tree (`Draft.shape`), so the loop's observation of this step updates the acceptance of that k."""
-        if self.mode == "skip":
+        if self.mode in ("skip", "control"):
             return None
         acceptance = self.speed.depth_acceptance
         best, best_rate = None, 1.0 / self.cost(1)

@@ -48,6 +48,14 @@ GAIN_DECAY = 0.99
 MIN_EVIDENCE = 8
 SKIP_CONFIDENCE = 2.0
 GAIN_VARIANCE_FLOOR = 0.05
+#: a control: CONTROL_STEPS draft-free steps while drafting is on, so drafted steps are judged against a measured
+#: draft-free rate of the same stretch of decoding. One runs once MIN_EVIDENCE drafted steps were seen and fewer than
+#: CONTROL_STEPS draft-free steps were ever rated, and again after every CONTROL_EVERY drafted steps. Without them
+#: the only draft-free steps of a drafting run were the first of each call (23 ms against 19 later at batch 4 on
+#: the OpenVINO step), and 1-node trees that lost 20-30% stayed within noise of that rate. A control costs what
+#: drafting gains on CONTROL_STEPS of every CONTROL_EVERY steps (~3% of the gain)
+CONTROL_STEPS = 2
+CONTROL_EVERY = 64
 #: log draft probability of a node's best child before any tree was seen (learned per drafter from its trees)
 CHILD_LOGPROB_PRIOR = math.log(0.5)
 
@@ -195,10 +203,12 @@ class RateWindow:
     decay: float = STEP_DECAY
     tokens: float = 0.0
     seconds: float = 0.0
+    steps: int = 0  # steps observed (not decayed)
 
     def add(self, tokens: float, seconds: float) -> None:
         self.tokens = self.decay * self.tokens + tokens
         self.seconds = self.decay * self.seconds + seconds
+        self.steps += 1
 
     @property
     def rate(self) -> float | None:
@@ -284,6 +294,8 @@ class SpeedModel:
         self._probe_left = 0
         self._probe_loss: float | None = None  # seconds the last probe lost against draft-free steps
         self._free_seconds = 0.0  # draft-free seconds since the last drafted step
+        self._since_free = 0  # drafted steps since the last rated draft-free step
+        self._control_left = 0  # draft-free steps left in the current control
         self.depth_acceptance = DepthAcceptance()
         self.held = HeldSizes()  # the tree size held between priced steps, chosen by measured rate
 
@@ -364,16 +376,28 @@ class SpeedModel:
         loss = self.predicted_probe_loss(context) if self._probe_loss is None else self._probe_loss
         return self._free_seconds * PROBE_BUDGET >= loss
 
+    def _controlling(self) -> bool:
+        if self._control_left > 0:
+            return True
+        unmeasured = self.plain.steps < CONTROL_STEPS and self.steps.count >= MIN_EVIDENCE
+        if unmeasured or self._since_free >= CONTROL_EVERY:
+            self._control_left = CONTROL_STEPS
+            return True
+        return False
+
     def step_mode(self, context: int) -> str:
         """``"probe"`` within a probe (draft at least one node, to refresh the acceptance, drafter-cost and gain
-        estimates); ``"skip"`` (no drafter at all) while `drafting_loses`; else ``"size"``: the per-step cost rule
-        decides from the first step, at every batch size (the curve prices the batch's own forwards; it may still
-        draft nothing)."""
+        estimates); ``"skip"`` (no drafter at all) while `drafting_loses`; ``"control"`` (no drafter, drafting stays
+        on) within a control (`CONTROL_STEPS`: the draft-free rate measured while drafting is on); else ``"size"``:
+        the per-step cost rule decides from the first step, at every batch size (the curve prices the batch's own
+        forwards; it may still draft nothing)."""
         self._context = context
         if self._probing(context):
             return "probe"
         if self._off:
             return "skip"
+        if self._controlling():
+            return "control"
         if self.drafting_loses():
             # judged against a measured draft-free rate only: before any, one draft-free step measures it
             self._off = self.plain.rate is not None
@@ -410,7 +434,8 @@ class SpeedModel:
             # host work: the step's verification past the forward, its tail and, without a drafter, its sizing check
             check = 0.0 if draft_forwards else draft_seconds
             host = max(verify_seconds - forward, 0.0) + other_seconds + check
-            if not warm_up or host < self.host_seconds(rows > 1):
+            # a drafted warm-up's host work holds the drafter's one-time work; a draft-free one's is the loop's own
+            if not (warm_up and draft_forwards) or host < self.host_seconds(rows > 1):
                 self._host[rows > 1].add(host)
         if full and (not warm_up or forward < self.target_seconds(rows, context)):
             self.curve.observe(rows, context, forward)
@@ -428,8 +453,11 @@ class SpeedModel:
                 self._free_seconds += total
                 if rated:
                     self.plain.add(tokens, total)
+                    self._since_free = 0
+                self._control_left = max(self._control_left - 1, 0)
             return
         self._since_draft, self._free_seconds = 0, 0.0
+        self._since_free += 1
         if total > 0 and rated:
             plain_rate = self.plain_rate(context)
             gain = tokens - plain_rate * total
