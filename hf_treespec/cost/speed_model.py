@@ -266,6 +266,8 @@ class SpeedModel:
     the mean gain below zero and returns to ``reprobe_every`` once it is above, and it never ends before the
     draft-free time since the last probe is 1 / `PROBE_BUDGET` times what that probe lost (before any probe: what
     one is predicted to lose, so at a large batch, where a probe drafts every row, probes stay rare from the start).
+    While drafting is on, controls (`CONTROL_STEPS` draft-free steps, once drafting is first judged and then every
+    `CONTROL_EVERY` drafted steps) keep the draft-free rate it is judged against measured.
     """
 
     def __init__(self, curve: CostCurve, acceptance: AcceptanceTable | None = None, draft_prior: float = 0.3,
