@@ -48,14 +48,15 @@ GAIN_DECAY = 0.99
 MIN_EVIDENCE = 8
 SKIP_CONFIDENCE = 2.0
 GAIN_VARIANCE_FLOOR = 0.05
-#: a control: CONTROL_STEPS draft-free steps while drafting is on, so drafted steps are judged against a measured
-#: draft-free rate of the same stretch of decoding. One runs once MIN_EVIDENCE drafted steps were seen and fewer than
-#: CONTROL_STEPS draft-free steps were ever rated, and again after every CONTROL_EVERY drafted steps. Without them
-#: the only draft-free steps of a drafting run were the first of each call (23 ms against 19 later at batch 4 on
-#: the OpenVINO step), and 1-node trees that lost 20-30% stayed within noise of that rate. A control costs what
-#: drafting gains on CONTROL_STEPS of every CONTROL_EVERY steps (~3% of the gain)
+#: a control: draft-free steps while drafting is on, so drafted steps are judged against a measured draft-free rate
+#: of the same stretch of decoding. One runs once MIN_EVIDENCE drafted steps were seen and fewer than CONTROL_STEPS
+#: draft-free steps were ever rated, and again after every CONTROL_EVERY drafted steps. Without them the only
+#: draft-free steps of a drafting run were the first of each call (23 ms against 19 later at batch 4 on the OpenVINO
+#: step), and 1-node trees that lost 20-30% stayed within noise of that rate. A control's first step is a transition
+#: and not rated (on the OpenVINO step the first draft-free step after drafted ones took 22-30 ms, the next 17-24),
+#: then CONTROL_STEPS rated ones: it costs what drafting gains on 3 of every ~130 steps (~2% of the gain)
 CONTROL_STEPS = 2
-CONTROL_EVERY = 64
+CONTROL_EVERY = 128
 #: log draft probability of a node's best child before any tree was seen (learned per drafter from its trees)
 CHILD_LOGPROB_PRIOR = math.log(0.5)
 
@@ -266,8 +267,8 @@ class SpeedModel:
     the mean gain below zero and returns to ``reprobe_every`` once it is above, and it never ends before the
     draft-free time since the last probe is 1 / `PROBE_BUDGET` times what that probe lost (before any probe: what
     one is predicted to lose, so at a large batch, where a probe drafts every row, probes stay rare from the start).
-    While drafting is on, controls (`CONTROL_STEPS` draft-free steps, once drafting is first judged and then every
-    `CONTROL_EVERY` drafted steps) keep the draft-free rate it is judged against measured.
+    While drafting is on, controls (a transition and `CONTROL_STEPS` draft-free steps, once drafting is first judged
+    and then every `CONTROL_EVERY` drafted steps) keep the draft-free rate it is judged against measured.
     """
 
     def __init__(self, curve: CostCurve, acceptance: AcceptanceTable | None = None, draft_prior: float = 0.3,
@@ -383,7 +384,7 @@ class SpeedModel:
             return True
         unmeasured = self.plain.steps < CONTROL_STEPS and self.steps.count >= MIN_EVIDENCE
         if unmeasured or self._since_free >= CONTROL_EVERY:
-            self._control_left = CONTROL_STEPS
+            self._control_left = CONTROL_STEPS + 1  # its first step is a transition
             return True
         return False
 
@@ -451,9 +452,10 @@ class SpeedModel:
             self.held.observe(held_size, tokens, total)
         if not draft_forwards:
             self._since_draft += 1
+            transition = self._control_left == CONTROL_STEPS + 1  # a control's first step: not the steady rate
             if total > 0:
                 self._free_seconds += total
-                if rated:
+                if rated and not transition:
                     self.plain.add(tokens, total)
                     self._since_free = 0
                 self._control_left = max(self._control_left - 1, 0)
