@@ -26,7 +26,14 @@ from hf_treespec.cost.speed_model import (
 from hf_treespec.cost.curve import CostCurve, calibrate_batches, calibrate_target, load_or_calibrate
 from hf_treespec.policies import POLICIES, StepContext
 from hf_treespec.policies.base import DraftSource
-from hf_treespec.cost.held_size import EXPLORE_EVERY, LADDER, PRICED_START, HeldSize, SizeLadder
+from hf_treespec.cost.held_size import (
+    EXPLORE_EVERY,
+    LADDER,
+    PRICED_START,
+    RARE_EXPLORE,
+    HeldSize,
+    SizeLadder,
+)
 from hf_treespec.cost.sizer import TreeSizer
 from hf_treespec.generation.sizing import TreeSizing
 from hf_treespec.step_context import StepOutcome
@@ -790,3 +797,23 @@ def test_the_ladder_follows_the_measured_rate_and_explores_neighbours():
     assert tail.count(2) == len(tail) - 4 and set(tail) == {1, 2, 4}  # one step in EXPLORE_EVERY: half or double
 
 
+
+
+def test_the_ladder_tries_a_clearly_worse_neighbour_rarely_and_still_finds_it_when_it_gets_better():
+    # the OpenVINO step at batch 1: 8-node steps ran at 0.65x the 4-node ones, 2-node ones at 0.75x; tried one step
+    # in 16 each they cost ~3% of the run
+    rates = {2: 0.75, 4: 1.0, 8: 0.65}
+    ladder = SizeLadder.near(4)
+    sizes = []
+    for _ in range(EXPLORE_EVERY * RARE_EXPLORE * 20):
+        size = ladder.next()
+        sizes.append(size)
+        ladder.observe(size, rates.get(size, 0.5), 1.0)
+    tried = len(sizes) - sizes.count(4)
+    assert ladder.best == 4 and 0 < tried <= 2 + len(sizes) // (EXPLORE_EVERY * RARE_EXPLORE)
+    assert {2, 8} <= set(sizes)
+    rates[8] = 1.3  # the text changed: 8 nodes pay now; found within a few hundred steps (its rare tries count more)
+    for _ in range(EXPLORE_EVERY * RARE_EXPLORE * 12):
+        size = ladder.next()
+        ladder.observe(size, rates.get(size, 0.5), 1.0)
+    assert ladder.best == 8
