@@ -236,9 +236,9 @@ PLAIN_STEP = 0.04  # seconds of a draft-free step in the simulations below
 
 
 def simulate(speed: SpeedModel, steps: int, drafted_step, seed: int = 0, seconds: list | None = None) -> list[str]:
-    """Runs ``steps`` decoding steps against ``speed`` as the loop does: "skip" and "control" give a draft-free step (one token in
-    PLAIN_STEP seconds, +-10% noise), "size" / "probe" a drafted one, ``(tokens, seconds) = drafted_step(generator)``.
-    Returns each step's mode (and appends each step's seconds to ``seconds`` when given)."""
+    """Runs ``steps`` decoding steps against ``speed`` as the loop does: "skip" and "control" give a draft-free step
+    (one token in PLAIN_STEP seconds, +-10% noise), "size" / "probe" a drafted one, ``(tokens, seconds) =
+    drafted_step(generator)``. Returns each step's mode (and appends each step's seconds to ``seconds`` when given)."""
     gen = torch.Generator().manual_seed(seed)
     modes = []
     for _ in range(steps):

@@ -90,8 +90,8 @@ class TreeSizer:
     def could_pay(self, max_depth: int = AUTO_MAX_NODES) -> bool:
         """Whether any tree could beat a draft-free step this step: an upper bound over every policy's trees. A tree
         of depth d takes at least d draft forwards, verifies at least d + 1 rows and commits at most d + 1 tokens,
-        so it is never faster than ``(1 + d) / (d * t_draft + c(1 + d))``. False in "skip" and "control" modes, True in "probe"
-        mode (a probe drafts regardless). Lets a batch skip every row's policy when no row could draft."""
+        so it is never faster than ``(1 + d) / (d * t_draft + c(1 + d))``. False in "skip" and "control" modes, True
+        in "probe" mode (a probe drafts regardless). Lets a batch skip every row's policy when no row could draft."""
         if self.mode != "size":
             return self.mode == "probe"
         costs = self._costs
