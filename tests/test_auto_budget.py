@@ -702,7 +702,7 @@ def test_draft_free_steps_then_drafting_with_a_feature_drafter(target, prompt, t
 def test_drafting_is_judged_against_the_measured_draft_free_rate():
     """The curve's one-row forward leaves out the loop's own per-step costs, so before any draft-free step the
     draft-free rate looks better than it is. Drafted steps that lose only against that prior are not switched off:
-    one draft-free step measures the rate, all the evidence is judged against it, and drafting goes on."""
+    a control's draft-free steps measure the rate, all the evidence is judged against it, and drafting goes on."""
     speed = SpeedModel(curve(lambda n: 0.030 + 0.0005 * n))  # the curve says 30 ms a plain step ...
     modes = []
     for _ in range(60):
@@ -715,7 +715,7 @@ def test_drafting_is_judged_against_the_measured_draft_free_rate():
             speed.observe_step(tree_scores=torch.full((4,), -0.7), on_path=torch.arange(4) < 1, rows=5, context=256,
                                draft_seconds=0.01, draft_forwards=1, verify_seconds=0.045,
                                tokens=2 if len(modes) % 5 < 3 else 1)
-    # (the curve follows the measured forwards, which lifts the prior too: at most one skip measures the real rate)
+    # (the curve follows the measured forwards, which lifts the prior too; the control measures the real rate)
     assert modes.count("skip") <= 1 and set(modes[-40:]) == {"size"}
     assert speed.plain.rate in (None, pytest.approx(25.0)) and speed.gain.mean > 0
 

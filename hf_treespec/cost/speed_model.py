@@ -402,8 +402,8 @@ class SpeedModel:
         if self._controlling():
             return "control"
         if self.drafting_loses():
-            # judged against a measured draft-free rate only: before any, one draft-free step measures it
-            self._off = self.plain.rate is not None
+            # judged against a measured draft-free rate: a control ran before the evidence sufficed to judge
+            self._off = True
             return "skip"
         return "size"
 
