@@ -15,7 +15,7 @@ import time
 
 import pytest
 import torch
-from transformers import CompileConfig, DynamicCache
+from transformers import CompileConfig, DynamicCache, LogitsProcessor, LogitsProcessorList
 
 import hf_treespec
 from conftest import VOCAB, assert_drafted, confident_classifier, fixed_budget, perturbed_copy, tiny_llama
@@ -127,6 +127,51 @@ def test_greedy_equals_plain_decoding(pair, policy):
         assert_drafted(out)
     assert torch.equal(out.sequences, plain)
     assert torch.equal(plain, eager)
+
+
+class _ThreadsSeen(LogitsProcessor):
+    """Records torch's thread count at every call (the loop's host work of a step), with the step it belongs to."""
+
+    def __init__(self, steps: list):
+        self.steps, self.seen = steps, []
+
+    def __call__(self, input_ids, scores):
+        self.seen.append((len(self.steps), torch.get_num_threads()))
+        return scores
+
+
+def test_draft_free_steps_leave_the_engine_the_cores(pair, monkeypatch):
+    """Through the engine, plain decoding's steps and the tree loop's draft-free steps run torch on one thread; a
+    drafting step has the caller's threads, and the caller has them back after the call."""
+    from hf_treespec.generation.sizing import TreeSizing
+
+    model, drafter = pair
+    ids = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(5))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        steps = []
+        seen = _ThreadsSeen(steps)
+        plain = model.generate(ids, max_new_tokens=12, do_sample=False, custom_generate=plain_generate,
+                               compile_config=OPENVINO, logits_processor=LogitsProcessorList([seen]))
+        assert {threads for _, threads in seen.seen} == {1} and torch.get_num_threads() == 2
+
+        decide = TreeSizing.may_draft
+
+        def every_other_step(self, context_length):  # the sizing's own check runs; the test decides the step
+            decide(self, context_length)
+            steps.append(len(steps) % 2 == 0)
+            return steps[-1]
+
+        monkeypatch.setattr(TreeSizing, "may_draft", every_other_step)
+        seen = _ThreadsSeen(steps)
+        out = model.generate(ids, max_new_tokens=12, do_sample=False, assistant_model=drafter, compile_config=OPENVINO,
+                             tree_policy="salf", tree_budget="auto", logits_processor=LogitsProcessorList([seen]))
+        assert torch.equal(out, plain) and torch.get_num_threads() == 2
+        by_step = {(steps[step - 1], threads) for step, threads in seen.seen if step > 0}
+        assert by_step == {(True, 2), (False, 1)}  # drafting steps: the caller's threads; draft-free ones: one
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_feature_drafter_reads_the_engines_layer_outputs(pair):

@@ -159,6 +159,8 @@ class OpenVINOStep:
     compile_seconds: dict[str, float] = field(default_factory=dict)
     #: the engine holds the target's KV cache itself: the loop feeds it masks over the rows it holds
     owns_cache = True
+    #: the forward runs on OpenVINO's own threads: draft-free steps leave them the cores (`HostThreads`)
+    own_threads = True
 
     def __post_init__(self) -> None:
         self._request = None

@@ -25,6 +25,7 @@ from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria
 
 from ..attention import check_tree_attention
 from ..compat import CACHE_KWARG
+from ..compiled.host_threads import HostThreads
 from ..drafters.base import TargetFeatures
 from ..kv.target_kv import target_kv
 from ..kv.tree_kv import to_device
@@ -111,6 +112,7 @@ class TreeDecodingLoop:
         timing = self.want_dict or self.sizing is not None or "latencies" in self.needs
         self.timer = LoopTimer(self.device, enabled=timing, latencies="latencies" in self.needs)
         self.target = TargetForward(model, cache, captured, compiled)
+        self.threads = HostThreads(self.target.engine)  # draft-free steps on an engine: one torch thread
         self.root_only = torch.zeros(1, dtype=torch.long)  # the accepted path of a root-only tree
         self.draft_forwards = 0
         self.active: list[RowState] = []
@@ -118,11 +120,12 @@ class TreeDecodingLoop:
     def run(self):
         """The whole decoding: what ``generate`` returns (the sequences, or a `TreeSpecGenerateOutput`)."""
         self.prefill()  # 0. the prompt: every row's first token, chosen as plain generate chooses it
-        while self.active:
-            drafted = self.draft()  # 1. a tree per active row
-            verification = self.verify(drafted)  # 2. one target forward, each row's accepted path
-            self.commit(drafted, verification)  # 3. policy and drafters take the step
-            self.emit(verification)  # 4. tokens out, finished rows leave
+        with self.threads:
+            while self.active:
+                drafted = self.draft()  # 1. a tree per active row
+                verification = self.verify(drafted)  # 2. one target forward, each row's accepted path
+                self.commit(drafted, verification)  # 3. policy and drafters take the step
+                self.emit(verification)  # 4. tokens out, finished rows leave
         if self.sizing is not None:
             self.timer.finished()
             self.sizing.step_ended(self.timer.step_other)
@@ -164,9 +167,11 @@ class TreeDecodingLoop:
         if sizing is None or sizing.may_draft(min(context.context_length for context in contexts)):
             if sizing is not None:
                 contexts = [sizing.budget(context) for context in contexts]
+            self.threads.widen()
             sources = [WarpedDraftSource(row.drafter, row.processors, row.ids) for row in self.active]
             drafted = draft_trees(self.policy, sources, contexts)
         else:
+            self.threads.narrow()
             drafted = DraftRound.draft_free(contexts)
         self.draft_forwards += drafted.rounds
         self.timer.drafted(drafted.rounds)

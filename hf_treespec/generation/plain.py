@@ -15,6 +15,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..attention import additive_mask
 from ..compat import CACHE_KWARG
+from ..compiled.host_threads import HostThreads
 from ..kv.stateful_kv import hand_back
 from .config import GENERATE_ONLY_KWARGS
 from .components import check_empty_cache, returns_outside_inference_mode
@@ -55,30 +56,32 @@ def plain_decoding(
     columns = prompt_mask.bool()  # [B, n]: the cache columns each row attends to
     unfinished = torch.ones(batch, dtype=torch.long, device=device)
     position = positions[:, -1:]
-    while True:
-        raw = logits[:, -1].float()
-        processed = logits_processor(input_ids, raw)
-        if scores is not None:
-            scores += (processed,)
-        if raw_logits is not None:
-            raw_logits += (raw,)
-        if generation_config.do_sample:
-            tokens = torch.multinomial(processed.softmax(-1), num_samples=1).squeeze(1)
-        else:
-            tokens = processed.argmax(-1)
-        if pad is not None:
-            tokens = tokens * unfinished + pad * (1 - unfinished)
-        input_ids = torch.cat([input_ids, tokens[:, None]], dim=-1)
-        if streamer is not None:
-            streamer.put(tokens.cpu())
-        unfinished = unfinished * (~stopping_criteria(input_ids, processed)).long()
-        if not bool(unfinished.any()):
-            break
-        columns = torch.cat([columns, torch.ones(batch, 1, dtype=torch.bool, device=device)], dim=-1)
-        position = position + 1
-        # [B, n] columns a one-token step attends to: its [B, 1, 1, n] additive mask when compiled
-        mask = additive_mask(columns, model.dtype)[:, None, None, :] if target.explicit_masks else columns.long()
-        logits, _ = target.step(tokens[:, None], position, mask)
+    with HostThreads(target.engine) as threads:  # an engine's steps: its own threads get the cores
+        threads.narrow()
+        while True:
+            raw = logits[:, -1].float()
+            processed = logits_processor(input_ids, raw)
+            if scores is not None:
+                scores += (processed,)
+            if raw_logits is not None:
+                raw_logits += (raw,)
+            if generation_config.do_sample:
+                tokens = torch.multinomial(processed.softmax(-1), num_samples=1).squeeze(1)
+            else:
+                tokens = processed.argmax(-1)
+            if pad is not None:
+                tokens = tokens * unfinished + pad * (1 - unfinished)
+            input_ids = torch.cat([input_ids, tokens[:, None]], dim=-1)
+            if streamer is not None:
+                streamer.put(tokens.cpu())
+            unfinished = unfinished * (~stopping_criteria(input_ids, processed)).long()
+            if not bool(unfinished.any()):
+                break
+            columns = torch.cat([columns, torch.ones(batch, 1, dtype=torch.bool, device=device)], dim=-1)
+            position = position + 1
+            # [B, n] columns a one-token step attends to: its [B, 1, 1, n] additive mask when compiled
+            mask = additive_mask(columns, model.dtype)[:, None, None, :] if target.explicit_masks else columns.long()
+            logits, _ = target.step(tokens[:, None], position, mask)
     if target.engine is not None:  # the cache as eager decoding leaves it: every fed row (read when first used)
         hand_back(target.engine, cache, torch.arange(target.engine.held))
     if streamer is not None:
