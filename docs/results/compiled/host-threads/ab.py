@@ -2,7 +2,7 @@
 against the caller's two, paired per prompt.
 
 Run: ``bash docs/results/compiled/host-threads/run.sh`` (bf16, 2 threads). Plain decoding through the step
-(`plain_generate`) at batch 1 (four prompts, one at a time) and batch 4 (the same four, left-padded), and a 4-node
+(`plain_generate`) at batch 1 (four prompts, one at a time) and batch 4 (the same four, left-padded, run four times a round), and a 4-node
 ``salf`` tree at batch 1 (its steps all draft, so both variants should match), 64 new tokens, variants interleaved
 per prompt, ``--repeats`` rounds; ms per generated token (per step at batch 4), medians and paired ratios.
 """
@@ -59,7 +59,8 @@ def main() -> None:
         finally:
             HostThreads.narrow = narrow
 
-    cases = {"plain, batch 1": singles, "plain, batch 4": [batch], "tree 4 nodes, batch 1": singles}
+    # the batch runs four times a round: as many pairs as the single prompts give
+    cases = {"plain, batch 1": singles, "plain, batch 4": [batch] * 4, "tree 4 nodes, batch 1": singles}
     times = {(case, one): [] for case in cases for one in (True, False)}
     for repeat in range(args.repeats + 1):  # the first round warms up (a shape's first run), not kept
         for case, prompts in cases.items():
@@ -68,7 +69,7 @@ def main() -> None:
                     seconds = run(case, inputs, one)
                     if repeat:
                         times[case, one].append(seconds)
-    report = {"cpu": open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].strip(": "),
+    report = {"cpu": open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].strip(" \t:"),
               "torch": torch.__version__, "dtype": "bfloat16", "threads": 2, "repeats": args.repeats}
     for case in cases:
         one, two = times[case, True], times[case, False]
