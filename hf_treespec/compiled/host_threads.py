@@ -3,9 +3,9 @@
 The OpenVINO step runs the target's forward on OpenVINO's threads. Between two forwards a draft-free step's host
 work is a few small torch ops (the logits' argmax or draw, the next step's mask), and after each of them torch's
 OpenMP workers spin for a while before they sleep, on the cores the engine's next forward needs. Run on one thread,
-those ops leave the cores to the engine: plain decoding through the OpenVINO step ran 1.05x faster at batch 1 and
-1.03x at batch 4 (2-core AMD EPYC, bf16; ``docs/results/compiled/host-threads``). A step that drafts keeps the
-caller's threads: its drafter forwards and the verification of a tree's rows ran slower on one.
+those ops leave the cores to the engine: plain decoding through the OpenVINO step ran 1.04x faster at batch 1 and
+at batch 4 (2-core AMD EPYC, bf16; ``docs/results/compiled/host-threads``). A step that drafts keeps the caller's
+threads: its drafter forwards and the verification of a tree's rows ran slower on one.
 """
 
 from __future__ import annotations
