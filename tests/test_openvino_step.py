@@ -140,6 +140,7 @@ class _ThreadsSeen(LogitsProcessor):
         return scores
 
 
+@pytest.mark.auto_budget
 def test_draft_free_steps_leave_the_engine_the_cores(pair, monkeypatch):
     """Through the engine, plain decoding's steps and the tree loop's draft-free steps run torch on one thread; a
     drafting step has the caller's threads, and the caller has them back after the call."""
