@@ -122,6 +122,26 @@ def test_compiled_batch_equals_plain_batched_generate(traced):
         assert torch.equal(out.sequences, plain), policy
 
 
+def test_compiled_steps_never_need_a_second_graph(monkeypatch):
+    """Each graph's function compiles once; later calls skip the guards, which is sound only if no step would fail
+    them: with the guards evaluated and recompiling an error, tree decoding over a batch that loses rows (graphs of
+    one row, several rows, batch and batch of 1) runs through and gives the same tokens as with the guards skipped."""
+    model = hf_treespec.enable(tiny_llama(seed=9))
+    drafter = perturbed_copy(model)
+    ids = torch.randint(1, 64, (3, 7), generator=torch.Generator().manual_seed(8))
+    kwargs = dict(max_new_tokens=30, do_sample=False, pad_token_id=0, assistant_model=drafter, tree_policy="salf",
+                  tree_budget=6, compile_config=TRACE_ONLY, return_dict_in_generate=True)
+    stopping = {"eos_token_id": int(ids[0, -1])}  # some rows finish early: the batch shrinks
+    skipped = model.generate(ids, **kwargs, **stopping)
+    compiled = compiled_forward_for(model, CompileSettings.from_compile_config(TRACE_ONLY))
+    assert set(compiled._graphs) <= set(compiled.compile_seconds) and len(compiled.compile_seconds) >= 2
+    monkeypatch.setattr(CompileSettings, "guard_stance", lambda self: torch.compiler.set_stance("fail_on_recompile"))
+    evaluated = model.generate(ids, **kwargs, **stopping)
+    assert_drafted(evaluated)
+    assert torch.equal(evaluated.sequences, skipped.sequences)
+    release(model)
+
+
 def test_disable_compile_keeps_the_eager_forward(traced):
     model, drafter = traced
     fresh = hf_treespec.enable(tiny_llama(seed=3))
@@ -163,15 +183,23 @@ def test_inductor_greedy_identity_and_no_recompile_over_200_steps(inductor):
     model.generate(ids, max_new_tokens=2, do_sample=False, custom_generate=plain_generate, compile_config=config)
     compiled = compiled_forward_for(model, CompileSettings.from_compile_config(config))
     assert compiled.failure is None and len(compiled.compile_seconds) == 2
-    before = unique_graphs()
-    plain = model.generate(ids, max_new_tokens=200, do_sample=False, custom_generate=plain_generate,
-                           compile_config=config)
-    tree = model.generate(ids, max_new_tokens=200, do_sample=False, assistant_model=drafter, tree_policy="salf",
-                          tree_budget=6, compile_config=config, return_dict_in_generate=True)
-    assert unique_graphs() == before
-    assert_drafted(tree)
-    tree = tree.sequences
-    assert torch.equal(tree, plain)
+    runs = {}
+    for skip in (False, True):  # guards evaluated (a needed graph would show) / skipped, as decoding runs
+        with pytest.MonkeyPatch.context() as patch:
+            if not skip:
+                patch.setattr(CompileSettings, "guard_stance", lambda self: torch.compiler.set_stance(
+                    "fail_on_recompile"))
+            before = unique_graphs()
+            plain = model.generate(ids, max_new_tokens=200, do_sample=False, custom_generate=plain_generate,
+                                   compile_config=config)
+            tree = model.generate(ids, max_new_tokens=200, do_sample=False, assistant_model=drafter,
+                                  tree_policy="salf", tree_budget=6, compile_config=config,
+                                  return_dict_in_generate=True)
+            assert unique_graphs() == before
+        assert_drafted(tree)
+        assert torch.equal(tree.sequences, plain)
+        runs[skip] = plain
+    assert torch.equal(runs[False], runs[True])
 
 
 @pytest.mark.slow
@@ -225,7 +253,7 @@ def test_a_step_dynamo_runs_eagerly_is_still_exact():
     drafter = perturbed_copy(model)
     ids = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(7))
     reference = model.generate(ids, max_new_tokens=20, do_sample=False)
-    with torch._dynamo.config.patch(recompile_limit=1):  # one graph: the several-rows step is never compiled
+    with torch._dynamo.config.patch(recompile_limit=0):  # no graph at all: every step runs eagerly inside the call
         out = model.generate(ids, max_new_tokens=20, do_sample=False, assistant_model=drafter, tree_policy="salf",
                              tree_budget=6, compile_config=TRACE_ONLY, return_dict_in_generate=True)
     assert_drafted(out)
