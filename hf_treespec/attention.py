@@ -14,7 +14,8 @@ from transformers import PreTrainedModel
 
 #: attention implementations that take a 4D float mask: transformers' own, and the compiled steps' lean stand-ins for
 #: them (`hf_treespec.compiled.attention`)
-TREE_MASK_ATTENTION = ("sdpa", "eager", "treespec_lean_sdpa", "treespec_lean_eager")
+TREE_MASK_ATTENTION = ("sdpa", "eager", "treespec_lean_sdpa", "treespec_lean_eager", "treespec_lean_in_place_sdpa",
+                       "treespec_lean_in_place_eager")
 
 
 def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

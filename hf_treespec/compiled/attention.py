@@ -22,10 +22,14 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
+from .cache_attention import load_cache_attention
+
 #: the implementation each lean function stands in for, and the mask builder the model uses with it
 BASES = {"sdpa": sdpa_attention_forward, "eager": eager_attention_forward}
 MASKS = {"sdpa": sdpa_mask, "eager": eager_mask}
 PREFIX = "treespec_lean_"
+#: the part of a lean implementation's name that says its one-row steps read the cache in place
+IN_PLACE = "in_place_"
 
 
 #: attention arguments that change the arithmetic beyond a mask and a scale: with any of them set, the wrapped
@@ -56,7 +60,9 @@ def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     return out.transpose(1, 2).contiguous()
 
 
-def _lean(base):
+def _lean(base, one_row=None):
+    """The lean stand-in of ``base``; ``one_row``: the op for steps of one query row on the CPU (`cache_attention`),
+    else `grouped_attention` serves them too."""
     def attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
         # a compiled step hands the whole buffers with a mask over the used rows only (traced, or run eagerly by a
         # dynamo past its recompile limit: the same arithmetic either way); every other forward is the base's
@@ -66,6 +72,8 @@ def _lean(base):
         if not lean:
             return base(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        if one_row is not None and query.shape[2] == 1 and query.device.type == "cpu":
+            return one_row(query, key, value, attention_mask, scale), None
         return grouped_attention(query, key, value, attention_mask, scale), None
 
     return attention
@@ -76,16 +84,31 @@ for _name, _base in BASES.items():
     AttentionMaskInterface.register(PREFIX + _name, MASKS[_name])  # masks built exactly as for the base
 
 
+def _in_place_name(base: str) -> str | None:
+    """The lean stand-in of ``base`` whose one-row steps read the cache in place (registered once the op is
+    built); None where it cannot be built."""
+    op = load_cache_attention()
+    if op is None:
+        return None
+    name = PREFIX + IN_PLACE + base
+    AttentionInterface.register(name, _lean(BASES[base], one_row=op))
+    AttentionMaskInterface.register(name, MASKS[base])
+    return name
+
+
 def use_lean_attention(model: torch.nn.Module) -> bool:
     """Switches ``model`` to the lean stand-in of its attention (``set_attn_implementation``, public); True when it
-    runs one (already, or now), False for an implementation without one (flash, flex ...: the model is unchanged)."""
+    runs one (already, or now), False for an implementation without one (flash, flex ...: the model is unchanged).
+    On a CPU the stand-in's one-row steps read the cache in place (`cache_attention`) where that op builds."""
     current = getattr(model.config, "_attn_implementation", None)
     if isinstance(current, str) and current.startswith(PREFIX):
         return True
     if current not in BASES:
         return False
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    name = (_in_place_name(current) if on_cpu else None) or PREFIX + current
     try:
-        model.set_attn_implementation(PREFIX + current)
+        model.set_attn_implementation(name)
     except (ValueError, AttributeError):
         return False
-    return getattr(model.config, "_attn_implementation", None) == PREFIX + current
+    return getattr(model.config, "_attn_implementation", None) == name

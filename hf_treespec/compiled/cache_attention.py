@@ -1,0 +1,156 @@
+"""A one-row attention that reads a compiled step's KV buffers in place: a small C++ op, built once per machine.
+
+Why: a compiled one-row step attends with two ATen ``bmm`` s per layer, and ``bmm`` first copies the rows it reads
+(the transposed keys, then the values: their batch stride is the buffer's capacity, not the used length). On a
+2-core EPYC (SmolLM2-135M, bf16) those copies and calls took about 3 ms of a 12-15 ms step at context 200 and grew
+to most of it at 2000 (docs/results/compiled/guard-free-steps). This op computes each query row's attention over the
+first ``mask.shape[-1]`` cache rows directly from the buffers (fp32 scores, softmax and sums; rows in parallel
+through ATen's thread pool, so it shares torch's threads), with no copy.
+
+It serves one-row steps only (plain decoding, `auto`'s draft-free steps): with several rows each row would read
+the cache again, where ``bmm`` reads it once for all of them.
+
+`load_cache_attention` builds it with torch's ``load_inline`` (a C++ compiler and ninja; about 40 s on 2 cores, then
+cached on disk under a name that carries the source, torch's version and the CPU, so later processes only load it)
+and returns None, with one warning, where it cannot be built: the compiled step then keeps ``bmm``.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import platform
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SOURCE = r"""
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <cmath>
+#include <vector>
+
+// query [B, H, q, D], key / value [B, H_kv, capacity, D] (rows contiguous), additive mask [B, 1, q, L]:
+// out [B, q, H, D] = softmax(query . key[:L] * scale + mask) . value[:L], one query row at a time
+template <typename T>
+static void attend(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& mask,
+                   double scale, at::Tensor& out) {
+  const int64_t B = query.size(0), H = query.size(1), Q = query.size(2), D = query.size(3);
+  const int64_t groups = H / key.size(1), L = mask.size(3);
+  const T* qp = query.data_ptr<T>();
+  const T* kp = key.data_ptr<T>();
+  const T* vp = value.data_ptr<T>();
+  const T* mp = mask.data_ptr<T>();
+  T* op = out.data_ptr<T>();
+  const auto qs = query.strides(), ks = key.strides(), vs = value.strides(), ms = mask.strides(), os = out.strides();
+  at::parallel_for(0, B * H * Q, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(L), q(D), acc(D);
+    for (int64_t index = begin; index < end; ++index) {
+      const int64_t b = index / (H * Q), h = (index / Q) % H, i = index % Q, g = h / groups;
+      const T* qrow = qp + b * qs[0] + h * qs[1] + i * qs[2];
+      for (int64_t d = 0; d < D; ++d) q[d] = static_cast<float>(qrow[d * qs[3]]) * static_cast<float>(scale);
+      const T* keys = kp + b * ks[0] + g * ks[1];
+      const T* mrow = mp + b * ms[0] + i * ms[2];
+      float top = -INFINITY;
+      for (int64_t j = 0; j < L; ++j) {
+        const T* krow = keys + j * ks[2];
+        float s = 0.f;
+        for (int64_t d = 0; d < D; ++d) s += q[d] * static_cast<float>(krow[d]);
+        s += static_cast<float>(mrow[j * ms[3]]);
+        scores[j] = s;
+        top = s > top ? s : top;
+      }
+      float total = 0.f;
+      for (int64_t j = 0; j < L; ++j) {
+        scores[j] = std::exp(scores[j] - top);
+        total += scores[j];
+      }
+      for (int64_t d = 0; d < D; ++d) acc[d] = 0.f;
+      const T* values = vp + b * vs[0] + g * vs[1];
+      for (int64_t j = 0; j < L; ++j) {
+        const T* vrow = values + j * vs[2];
+        const float p = scores[j];
+        for (int64_t d = 0; d < D; ++d) acc[d] += p * static_cast<float>(vrow[d]);
+      }
+      T* orow = op + b * os[0] + i * os[1] + h * os[2];
+      const float inverse = 1.f / total;
+      for (int64_t d = 0; d < D; ++d) orow[d] = static_cast<T>(acc[d] * inverse);
+    }
+  });
+}
+
+at::Tensor cache_attention(at::Tensor query, at::Tensor key, at::Tensor value, at::Tensor mask, double scale) {
+  TORCH_CHECK(query.device().is_cpu(), "cache_attention runs on the CPU");
+  TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.dim() == 4 && mask.dim() == 4, "4D inputs expected");
+  TORCH_CHECK(key.stride(3) == 1 && value.stride(3) == 1, "key and value rows must be contiguous");
+  TORCH_CHECK(key.scalar_type() == query.scalar_type() && value.scalar_type() == query.scalar_type(),
+              "query, key and value must share a dtype");
+  TORCH_CHECK(query.size(1) % key.size(1) == 0 && mask.size(3) <= key.size(2), "shapes do not match");
+  auto out = at::empty({query.size(0), query.size(2), query.size(1), query.size(3)}, query.options());
+  const auto typed_mask = mask.to(query.scalar_type());
+  switch (query.scalar_type()) {
+    case at::kFloat: attend<float>(query, key, value, typed_mask, scale, out); break;
+    case at::kBFloat16: attend<at::BFloat16>(query, key, value, typed_mask, scale, out); break;
+    case at::kHalf: attend<at::Half>(query, key, value, typed_mask, scale, out); break;
+    default: TORCH_CHECK(false, "cache_attention takes float32, bfloat16 or float16");
+  }
+  return out;
+}
+
+TORCH_LIBRARY(hf_treespec, m) {
+  m.def("cache_attention(Tensor query, Tensor key, Tensor value, Tensor mask, float scale) -> Tensor");
+  m.impl("cache_attention", c10::DispatchKey::CPU, &cache_attention);
+}
+"""
+
+FLAGS = ["-O3", "-march=native", "-ffast-math"]
+
+
+def build_name() -> str:
+    """The extension's name: the source, the flags, torch's version and the CPU it is built for (``-march=native``)."""
+    key = "\n".join([SOURCE, " ".join(FLAGS), torch.__version__, platform.machine(), _cpu_flags()])
+    return "hf_treespec_cache_attention_" + hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def _cpu_flags() -> str:
+    """Every flag the CPU reports (``-march=native`` code may use any of them), or the processor's name."""
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("flags"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+@functools.lru_cache(maxsize=1)
+def load_cache_attention():
+    """``torch.ops.hf_treespec.cache_attention`` (built on first use in this machine's cache), or None with one
+    warning when it cannot be built (no C++ compiler or ninja, a build error)."""
+    from torch.utils.cpp_extension import get_default_build_root, load_inline
+
+    name = build_name()
+    built = list((Path(get_default_build_root()) / name).glob("*.so"))
+    if not built:
+        logger.warning("hf_treespec: building the one-row cache attention for this machine (under a minute, once; "
+                       "%s).", name)
+    try:
+        load_inline(name, cpp_sources=SOURCE, functions=None, is_python_module=False, extra_cflags=FLAGS)
+    except Exception as error:  # any build failure: the compiled step keeps bmm
+        logger.warning("hf_treespec: the one-row cache attention could not be built (%s: %s); compiled one-row steps "
+                       "attend with bmm instead (the same tokens, slower at long contexts).",
+                       type(error).__name__, str(error).strip().splitlines()[0] if str(error).strip() else "")
+        return None
+    _register_fake()
+    return torch.ops.hf_treespec.cache_attention
+
+
+def _register_fake() -> None:
+    """The op's output shape for torch.compile's tracing: ``[B, q, H, D]`` like the query's."""
+    @torch.library.register_fake("hf_treespec::cache_attention")
+    def _(query, key, value, mask, scale):
+        batch, heads, rows, dim = query.shape
+        return query.new_empty((batch, rows, heads, dim))
