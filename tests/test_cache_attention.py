@@ -79,3 +79,15 @@ def test_the_tree_loop_keeps_the_in_place_attention():
 
     assert {PREFIX + prefix + base for prefix in ("", IN_PLACE) for base in attention.BASES} <= set(
         TREE_MASK_ATTENTION)
+
+
+def test_without_a_compiler_it_stays_silent(monkeypatch, caplog):
+    """No C++ compiler: compiling the step itself fails and warns once (test_compiled), so the op adds no warning."""
+    monkeypatch.setenv("CXX", "no-such-compiler-hf-treespec")
+    cache_attention.load_cache_attention.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="hf_treespec.compiled.cache_attention"):
+            assert cache_attention.load_cache_attention() is None
+        assert not caplog.records
+    finally:
+        cache_attention.load_cache_attention.cache_clear()

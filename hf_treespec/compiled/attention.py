@@ -9,9 +9,10 @@ functions registered here instead
 - group the query heads of each KV head (``[B, kv_heads, groups x rows, head_dim]``), so the keys and values are
   read in place, never repeated.
 
-Every other forward (eager ones: the prefill, a fallback, plain decoding; a mask as long as the keys) runs exactly
-the attention they wrap, so eager decoding gives the tokens it always gave. `use_lean_attention` switches a model to them (``sdpa`` and ``eager``
-models; others keep theirs).
+On a CPU, steps of one query row read the buffers in place through a small C++ op (`cache_attention`), where it
+builds. Every other forward (eager ones: the prefill, a fallback, plain decoding; a mask as long as the keys) runs
+exactly the attention they wrap, so eager decoding gives the tokens it always gave. `use_lean_attention` switches a
+model to them (``sdpa`` and ``eager`` models; others keep theirs).
 """
 
 from __future__ import annotations

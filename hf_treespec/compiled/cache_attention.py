@@ -2,17 +2,19 @@
 
 Why: a compiled one-row step attends with two ATen ``bmm`` s per layer, and ``bmm`` first copies the rows it reads
 (the transposed keys, then the values: their batch stride is the buffer's capacity, not the used length). On a
-2-core EPYC (SmolLM2-135M, bf16) those copies and calls took about 3 ms of a 12-15 ms step at context 200 and grew
-to most of it at 2000 (docs/results/compiled/guard-free-steps). This op computes each query row's attention over the
-first ``mask.shape[-1]`` cache rows directly from the buffers (fp32 scores, softmax and sums; rows in parallel
-through ATen's thread pool, so it shares torch's threads), with no copy.
+2-core EPYC (SmolLM2-135M, bf16) those copies and calls took about 3.6 ms of a 12.6 ms step at context 200 and
+about half of the step at 2000 (docs/results/compiled/guard-free-steps). This op computes each query row's
+attention over the first ``mask.shape[-1]`` cache rows directly from the buffers (fp32 scores, softmax and sums;
+rows in parallel through ATen's thread pool, so it shares torch's threads), with no copy: the one-row step ran
+1.24-1.36x faster at contexts 200-2000 (docs/results/compiled/cache-attention).
 
 It serves one-row steps only (plain decoding, `auto`'s draft-free steps): with several rows each row would read
 the cache again, where ``bmm`` reads it once for all of them.
 
 `load_cache_attention` builds it with torch's ``load_inline`` (a C++ compiler and ninja; about 40 s on 2 cores, then
 cached on disk under a name that carries the source, torch's version and the CPU, so later processes only load it)
-and returns None, with one warning, where it cannot be built: the compiled step then keeps ``bmm``.
+and returns None where it cannot be built (one warning, unless there is no C++ compiler at all: compiling the step
+then fails and warns once): the compiled step then keeps ``bmm``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import os
 import platform
+import shutil
 from pathlib import Path
 
 import torch
@@ -128,12 +132,16 @@ def _cpu_flags() -> str:
 
 @functools.lru_cache(maxsize=1)
 def load_cache_attention():
-    """``torch.ops.hf_treespec.cache_attention`` (built on first use in this machine's cache), or None with one
-    warning when it cannot be built (no C++ compiler or ninja, a build error)."""
+    """``torch.ops.hf_treespec.cache_attention`` (built on first use in this machine's cache), or None: silently
+    without a C++ compiler (compiling the step then fails and says so, once), with one warning when the build fails
+    (no ninja, a compiler error)."""
     from torch.utils.cpp_extension import get_default_build_root, load_inline
 
+    if shutil.which(os.environ.get("CXX", "c++")) is None:  # the compiled step's own fallback warns about it
+        logger.info("hf_treespec: no C++ compiler: compiled one-row steps attend with bmm.")
+        return None
     name = build_name()
-    built = list((Path(get_default_build_root()) / name).glob("*.so"))
+    built = list(Path(get_default_build_root()).glob(f"**/{name}/*.so"))  # torch builds under a version folder
     if not built:
         logger.warning("hf_treespec: building the one-row cache attention for this machine (under a minute, once; "
                        "%s).", name)
