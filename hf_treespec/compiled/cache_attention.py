@@ -29,6 +29,8 @@ from pathlib import Path
 
 import torch
 
+from .failures import failure_reason
+
 logger = logging.getLogger(__name__)
 
 SOURCE = r"""
@@ -115,19 +117,11 @@ FLAGS = ["-O3", "-march=native", "-ffast-math"]
 
 def build_name() -> str:
     """The extension's name: the source, the flags, torch's version and the CPU it is built for (``-march=native``)."""
-    key = "\n".join([SOURCE, " ".join(FLAGS), torch.__version__, platform.machine(), _cpu_flags()])
+    from ..cost.hardware import cpu_flags
+
+    machine = " ".join(cpu_flags()) or platform.processor()
+    key = "\n".join([SOURCE, " ".join(FLAGS), torch.__version__, platform.machine(), machine])
     return "hf_treespec_cache_attention_" + hashlib.sha256(key.encode()).hexdigest()[:16]
-
-
-def _cpu_flags() -> str:
-    """Every flag the CPU reports (``-march=native`` code may use any of them), or the processor's name."""
-    try:
-        for line in open("/proc/cpuinfo", encoding="utf-8"):
-            if line.startswith("flags"):
-                return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 @functools.lru_cache(maxsize=1)
@@ -148,9 +142,8 @@ def load_cache_attention():
     try:
         load_inline(name, cpp_sources=SOURCE, functions=None, is_python_module=False, extra_cflags=FLAGS)
     except Exception as error:  # any build failure: the compiled step keeps bmm
-        logger.warning("hf_treespec: the one-row cache attention could not be built (%s: %s); compiled one-row steps "
-                       "attend with bmm instead (the same tokens, slower at long contexts).",
-                       type(error).__name__, str(error).strip().splitlines()[0] if str(error).strip() else "")
+        logger.warning("hf_treespec: the one-row cache attention could not be built (%s); compiled one-row steps "
+                       "attend with bmm instead (the same tokens, slower at long contexts).", failure_reason(error))
         return None
     _register_fake()
     return torch.ops.hf_treespec.cache_attention

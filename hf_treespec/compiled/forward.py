@@ -38,6 +38,7 @@ from ..attention import causal_row_mask
 from ..compat import CACHE_KWARG
 from ..features import CapturedStates, decoder_layers
 from .attention import use_lean_attention
+from .failures import failure_reason
 from .preallocated import reserve
 
 logger = logging.getLogger(__name__)
@@ -126,14 +127,6 @@ def settings_from_generation_config(generation_config, device: torch.device | st
     if config is None:
         return None
     return CompileSettings.from_compile_config(config, device)
-
-
-def failure_reason(error: BaseException) -> str:
-    """The root cause of a compiler failure in one line (dynamo wraps a backend's error in BackendCompilerFailed)."""
-    while (inner := getattr(error, "inner_exception", None) or error.__cause__) is not None:
-        error = inner
-    lines = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
 
 
 def _mark_varying(input_ids, position_ids, mask, slots, extra: dict) -> None:

@@ -35,7 +35,8 @@ import numpy as np
 import torch
 
 from ..features import CapturedStates, decoder_layers
-from .forward import CompileSettings, failure_reason
+from .failures import failure_reason
+from .forward import CompileSettings
 from .openvino_export import (
     IR_FILE, cached_ir, compile_ir, export_key, fp32_copy, from_numpy_as, half_output, to_torch,
 )

@@ -53,21 +53,36 @@ class Hardware:
         return {**asdict(self), "flags": list(self.flags), "fast_dtype": str(self.fast_dtype).removeprefix("torch.")}
 
 
-def cpu_info(path: str | Path = "/proc/cpuinfo") -> tuple[str, tuple[str, ...]]:
-    """(model name, relevant flags) from ``/proc/cpuinfo``; ``platform.processor()`` and no flags elsewhere."""
+def _read_cpuinfo(path: str | Path) -> tuple[str, tuple[str, ...]] | None:
+    """(model name, every flag in the order reported) of the first processor in ``path``; None if unreadable."""
     try:
         text = Path(path).read_text()
     except OSError:
-        return platform.processor() or platform.machine(), ()
-    name, flags = "", set()
+        return None
+    name, flags = "", ()
     for line in text.splitlines():
         key, _, value = line.partition(":")
         key = key.strip()
         if key == "model name" and not name:
             name = value.strip()
         elif key == "flags" and not flags:
-            flags = set(value.split())
+            flags = tuple(value.split())
+    return name, flags
+
+
+def cpu_info(path: str | Path = "/proc/cpuinfo") -> tuple[str, tuple[str, ...]]:
+    """(model name, relevant flags) from ``/proc/cpuinfo``; ``platform.processor()`` and no flags elsewhere."""
+    read = _read_cpuinfo(path)
+    if read is None:
+        return platform.processor() or platform.machine(), ()
+    name, flags = read
     return name or platform.processor() or platform.machine(), tuple(f for f in RELEVANT_CPU_FLAGS if f in flags)
+
+
+def cpu_flags(path: str | Path = "/proc/cpuinfo") -> tuple[str, ...]:
+    """Every flag the CPU reports (code built with ``-march=native`` may use any of them); empty elsewhere."""
+    read = _read_cpuinfo(path)
+    return read[1] if read is not None else ()
 
 
 def detect(device: torch.device | str = "cpu", cpuinfo: str | Path = "/proc/cpuinfo") -> Hardware:
