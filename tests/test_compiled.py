@@ -122,6 +122,46 @@ def test_compiled_batch_equals_plain_batched_generate(traced):
         assert torch.equal(out.sequences, plain), policy
 
 
+def test_the_prompt_runs_through_the_compiled_graphs_in_chunks(traced, monkeypatch):
+    """A compiled run's prefill goes through the compiled graphs, `PREFILL_CHUNK` rows at a time (4 here: a 10-token
+    prompt takes three forwards, the last of two rows): its last logits, the decoder layers a drafter reads at every
+    real prompt row and the cached keys match the eager prefill's, for a left-padded batch; a one-token prompt is
+    left to the eager forward."""
+    import hf_treespec.compiled.forward as forward_module
+    from hf_treespec.compiled import CompiledForward
+    from hf_treespec.generation.target import TargetForward
+
+    model, _ = traced
+    monkeypatch.setattr(forward_module, "PREFILL_CHUNK", 4)
+    compiled = compiled_forward_for(model, CompileSettings.from_compile_config(TRACE_ONLY))
+    compiled.warm_up(3)
+    ids = torch.randint(1, 64, (3, 10), generator=torch.Generator().manual_seed(12))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    mask[2, :1] = 0
+    inputs = dict(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                  logits_to_keep=1)
+    layers = (0, 2, -1)
+    eager_cache = DynamicCache(config=model.config)
+    eager_logits, eager_states = TargetForward(model, eager_cache, layers).prefill(**inputs)
+    rows = []
+    call = CompiledForward.__call__
+    monkeypatch.setattr(CompiledForward, "__call__", lambda self, *a, **k: rows.append(a[0].shape[1]) or call(self, *a, **k))
+    cache = DynamicCache(config=model.config)
+    preallocate(cache, 64)
+    with torch.inference_mode():
+        logits, states = TargetForward(model, cache, layers, compiled).prefill(**inputs)
+    assert rows == [4, 4, 2]
+    real = mask.bool()
+    torch.testing.assert_close(logits[:, -1], eager_logits[:, -1], atol=1e-5, rtol=1e-5)
+    for part, eager_part in zip(states.parts, eager_states.parts):
+        torch.testing.assert_close(part[real], eager_part[real], atol=1e-5, rtol=1e-5)
+    keys, eager_keys = cache.layers[1].keys, eager_cache.layers[1].keys
+    torch.testing.assert_close(keys.transpose(1, 2)[real], eager_keys.transpose(1, 2)[real], atol=1e-5, rtol=1e-5)
+    assert compiled.prefill(ids[:, -1:], inputs["position_ids"][:, -1:], None, DynamicCache(config=model.config),
+                            layers) is None
+
+
 def test_compiled_steps_never_need_a_second_graph(monkeypatch):
     """Each graph's function compiles once; later calls skip the guards, which is sound only if no step would fail
     them: with the guards evaluated and recompiling an error, tree decoding over a batch that loses rows (graphs of

@@ -34,12 +34,12 @@ from typing import Any
 
 import torch
 
-from ..attention import causal_row_mask
+from ..attention import additive_mask, causal_row_mask
 from ..compat import CACHE_KWARG
 from ..features import CapturedStates, decoder_layers
 from .attention import use_lean_attention
 from .failures import failure_reason
-from .preallocated import reserve
+from .preallocated import reserve, start_empty
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +49,9 @@ _STORE = "_treespec_compiled_forwards"
 WARM_UP_ROWS = 8
 #: a warm-up prefill long enough that the cached length is never specialised (torch specialises sizes 0 and 1)
 WARM_UP_CONTEXT = 8
+#: prompt rows per compiled prefill forward: bounds the several-rows graph's scores (rows x context per head) and
+#: logits (rows x vocabulary) on a long prompt
+PREFILL_CHUNK = 256
 
 
 @dataclass(frozen=True)
@@ -181,6 +184,8 @@ class CompiledForward:
         self._graphs: dict[str, Any] = {}
         #: graphs whose calls evaluate their guards (dynamo kept no compiled graph for them)
         self._guarded: set[str] = set()
+        #: per cache layer, one row's key and value shape and their dtype (read in `warm_up`; `prefill` needs them)
+        self._layout: list | None = None
 
     def _capture_hooks(self) -> list:
         """Hooks on every decoder layer storing its output (the drafter's features), registered once."""
@@ -235,6 +240,36 @@ class CompiledForward:
         for layer in cache.layers:
             layer.view_rows(used)
         return out
+
+    def prefill(self, input_ids, position_ids, prompt_mask, cache, layers: tuple[int, ...]):
+        """The prompt forward through the compiled graphs, `PREFILL_CHUNK` rows at a time, into the empty ``cache``:
+        ``(logits of the last row [B, 1, V], the decoder layers ``layers`` over every prompt row)``, or None where
+        it cannot run (no warm-up yet, a failed compile, a one-token prompt): the caller prefills eagerly. An eager
+        prefill of a 20-token prompt took 51 ms against 34 compiled (SmolLM2-135M, bf16, 2-core EPYC). A
+        left-padded prompt's padding sees only itself and is seen by nothing."""
+        batch, length = input_ids.shape
+        first = cache.layers[0]
+        if self.failure is not None or self._layout is None or length < 2 or first.is_initialized:
+            return None
+        device = input_ids.device
+        start_empty(cache, batch, self._layout, device)
+        visible = torch.ones(length, length, dtype=torch.bool, device=device).tril()[None]
+        if prompt_mask is not None:
+            visible = (visible & prompt_mask.bool()[:, None, :]) | torch.eye(length, dtype=torch.bool, device=device)
+        mask = additive_mask(visible.expand(batch, -1, -1), self._layout[0][2])[:, None]
+        parts: list[list[torch.Tensor]] = []
+        for start in range(0, length, PREFILL_CHUNK):
+            stop = min(start + PREFILL_CHUNK, length)
+            # fresh contiguous tensors: the graphs were traced on such inputs, and their guards are not evaluated
+            logits = self(input_ids[:, start:stop].clone(), position_ids[:, start:stop].clone(),
+                          mask[:, :, start:stop, :stop].contiguous(), cache)
+            if layers:
+                parts.append(self.states(layers).parts)
+        if not layers:
+            return logits[:, -1:], None
+        states = CapturedStates(len(layers))
+        states.parts = [torch.cat(chunk, dim=1) for chunk in zip(*parts)]
+        return logits[:, -1:], states
 
     def _graph(self, name: str):
         """The compiled function of the graph ``name``: its own code object, so its cache holds that graph alone."""
@@ -314,6 +349,8 @@ class CompiledForward:
             cache = DynamicCache(config=self.model.config)
             preallocate(cache, WARM_UP_CONTEXT + max(rows))
             self._scratch_prefill(torch.zeros(batch, WARM_UP_CONTEXT, dtype=torch.long, device=device), cache)
+            self._layout = [(layer.keys.shape[1::2], layer.values.shape[1::2], layer.keys.dtype)
+                            for layer in cache.layers]
             ids = torch.zeros(batch, count, dtype=torch.long, device=device)
             positions = torch.arange(WARM_UP_CONTEXT, WARM_UP_CONTEXT + count, device=device).repeat(batch, 1)
             mask = causal_row_mask(count, WARM_UP_CONTEXT + count, dtype, device).repeat(batch, 1, 1, 1)

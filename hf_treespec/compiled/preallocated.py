@@ -132,3 +132,14 @@ def reserve(cache, new_rows: int) -> None:
     """`PreallocatedLayer.reserve` on every layer of ``cache``."""
     for layer in cache.layers:
         layer.reserve(new_rows)
+
+
+def start_empty(cache, batch: int, layout: list[tuple[torch.Size, torch.Size, torch.dtype]],
+                device: torch.device) -> None:
+    """Allocates the buffers of every layer of the empty preallocated ``cache`` for ``batch`` rows, holding no rows
+    yet, so that a compiled forward writes the prompt itself. ``layout``: per layer, the key and value shape of one
+    row (heads, head size) and their dtype, as an eager forward gave them (`CompiledForward.warm_up` records them)."""
+    for layer, (key_shape, value_shape, dtype) in zip(cache.layers, layout):
+        keys = torch.empty(batch, key_shape[0], 0, key_shape[1], dtype=dtype, device=device)
+        values = torch.empty(batch, value_shape[0], 0, value_shape[1], dtype=dtype, device=device)
+        layer.lazy_initialization(keys, values)

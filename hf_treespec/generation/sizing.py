@@ -24,6 +24,10 @@ from ..step_context import DecodingSetup, StepContext, StepOutcome
 from ..tree import on_path
 
 
+#: the draft scores and on-path flags of a step without draft nodes (never written to)
+_NO_NODES = (torch.zeros(0), torch.zeros(0, dtype=torch.bool))
+
+
 class TreeSizing:
     """Sizes every step of one generate call from a `SpeedModel` (kept on the target across calls)."""
 
@@ -64,6 +68,9 @@ class TreeSizing:
         self._held = self.speed.held.next() if mode in ("size", "probe") else None
         if self._held is not None:
             return True
+        if mode in ("skip", "control"):  # no tree runs: pricing one (a TreeSizer) cost a tenth of a tiny step
+            self._step = None
+            return False
         sizer = TreeSizer(self.speed, context_length, mode=mode)
         self._step = sizer  # its mode and predicted costs serve the step's budgets (read once a step)
         return sizer.could_pay()
@@ -104,9 +111,13 @@ class TreeSizing:
         for shape, path in zip(outcome.shapes, outcome.accepted):
             if shape is not None:
                 speed.depth_acceptance.observe(*shape, int(path.numel()) - 1)
+        if outcome.width > 1:
+            scores = torch.cat([tree.scores[1:] for tree in outcome.trees])
+            paths = torch.cat([on_path(tree, path) for tree, path in zip(outcome.trees, outcome.accepted)])
+        else:  # root-only trees: no draft node to learn from
+            scores, paths = _NO_NODES
         speed.observe_step(
-            tree_scores=torch.cat([tree.scores[1:] for tree in outcome.trees]),
-            on_path=torch.cat([on_path(tree, path) for tree, path in zip(outcome.trees, outcome.accepted)]),
+            tree_scores=scores, on_path=paths,
             rows=outcome.width, context=outcome.context_length, draft_seconds=outcome.draft_seconds,
             draft_forwards=outcome.draft_rounds, verify_seconds=outcome.verify_seconds, tokens=outcome.tokens,
             trees=len(outcome.trees), other_seconds=other_seconds,

@@ -1,8 +1,8 @@
 """`TargetForward`: the target's forwards of one decoding loop (prefill, then steps), eager or compiled.
 
 Both return ``(logits, states)``: the logits of every fed row and the decoder-layer outputs the drafter and policy
-read (None when none are read). The prefill always runs eagerly (a prompt is a shape of its own, run once); with a
-`CompiledForward` every step runs through the compiled graphs over a `PreallocatedLayer` cache. A compiled step is
+read (None when none are read). With a `CompiledForward` the prefill (through the several-rows graph, in chunks)
+and every step run through the compiled graphs over a `PreallocatedLayer` cache; else eagerly. A compiled step is
 always given an explicit 4D mask, so a draft-free step and a tree step differ only in their row count.
 """
 
@@ -93,6 +93,11 @@ class TargetForward:
         forward of new sequences (a left-padded prompt's padding sees only itself and is seen by nothing)."""
         engine = self.engine
         if engine is None:
+            if self.explicit_masks:  # the compiled graphs, where they can take it
+                compiled = self.compiled.prefill(inputs["input_ids"], inputs["position_ids"],
+                                                 inputs.get("attention_mask"), self.cache, self.layers)
+                if compiled is not None:
+                    return compiled
             return self._eager(inputs)
         ids = inputs["input_ids"].cpu()
         batch, length = ids.shape
