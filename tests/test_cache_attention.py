@@ -91,3 +91,14 @@ def test_without_a_compiler_it_stays_silent(monkeypatch, caplog):
         assert not caplog.records
     finally:
         cache_attention.load_cache_attention.cache_clear()
+
+
+def test_the_build_keeps_within_atens_isa_cap(monkeypatch):
+    """With ATen's vector ISA capped (``ATEN_CPU_CAPABILITY``, as a run standing in for an avx2-only CPU sets it),
+    the op is built without the instructions the cap leaves out, under a name of its own."""
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    native = cache_attention.build_name()
+    assert "-mno-avx512f" not in cache_attention.build_flags()
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    assert "-mno-avx512f" in cache_attention.build_flags()
+    assert cache_attention.build_name() != native

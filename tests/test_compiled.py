@@ -125,8 +125,9 @@ def test_compiled_batch_equals_plain_batched_generate(traced):
 def test_the_prompt_runs_through_the_compiled_graphs_in_chunks(traced, monkeypatch):
     """A compiled run's prefill goes through the compiled graphs, `PREFILL_CHUNK` rows at a time (4 here: a 10-token
     prompt takes three forwards, the last of two rows): its last logits, the decoder layers a drafter reads at every
-    real prompt row and the cached keys match the eager prefill's, for a left-padded batch; a one-token prompt is
-    left to the eager forward."""
+    real prompt row and the cached keys match the eager prefill's, for a left-padded batch, and no chunk would fail
+    a guard of the graphs the steps compiled (their calls skip the guards); a one-token prompt is left to the eager
+    forward."""
     import hf_treespec.compiled.forward as forward_module
     from hf_treespec.compiled import CompiledForward
     from hf_treespec.generation.target import TargetForward
@@ -135,6 +136,14 @@ def test_the_prompt_runs_through_the_compiled_graphs_in_chunks(traced, monkeypat
     monkeypatch.setattr(forward_module, "PREFILL_CHUNK", 4)
     compiled = compiled_forward_for(model, CompileSettings.from_compile_config(TRACE_ONLY))
     compiled.warm_up(3)
+    compiled.warm_up(1)
+    monkeypatch.setattr(CompileSettings, "guard_stance", lambda self: torch.compiler.set_stance("fail_on_recompile"))
+    for batch in (1, 3):  # a batch of one: its chunks' strides are what a slice of the prompt leaves
+        ids = torch.randint(1, 64, (batch, 10), generator=torch.Generator().manual_seed(12))
+        cache = DynamicCache(config=model.config)
+        preallocate(cache, 64)
+        with torch.inference_mode():
+            compiled.prefill(ids, torch.arange(10).expand(batch, -1), None, cache, (0,))
     ids = torch.randint(1, 64, (3, 10), generator=torch.Generator().manual_seed(12))
     mask = torch.ones_like(ids)
     mask[1, :3] = 0

@@ -113,6 +113,14 @@ TORCH_LIBRARY(hf_treespec, m) {
 """
 
 FLAGS = ["-O3", "-march=native", "-ffast-math"]
+#: ATen's vector ISA cap (``ATEN_CPU_CAPABILITY``, which inductor's kernels follow too) -> the flags that keep the op
+#: within it: a capped run stands in for a CPU without the instructions the cap leaves out
+ISA_CAPS = {"avx2": ["-mno-avx512f"], "default": ["-mno-avx"]}
+
+
+def build_flags() -> list[str]:
+    """The compiler flags: `FLAGS` (this CPU's instructions), within ATen's ISA cap when one is set."""
+    return FLAGS + ISA_CAPS.get(os.environ.get("ATEN_CPU_CAPABILITY", "").lower(), [])
 
 
 def build_name() -> str:
@@ -120,7 +128,7 @@ def build_name() -> str:
     from ..cost.hardware import cpu_flags
 
     machine = " ".join(cpu_flags()) or platform.processor()
-    key = "\n".join([SOURCE, " ".join(FLAGS), torch.__version__, platform.machine(), machine])
+    key = "\n".join([SOURCE, " ".join(build_flags()), torch.__version__, platform.machine(), machine])
     return "hf_treespec_cache_attention_" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -140,7 +148,8 @@ def load_cache_attention():
         logger.warning("hf_treespec: building the one-row cache attention for this machine (under a minute, once; "
                        "%s).", name)
     try:
-        load_inline(name, cpp_sources=SOURCE, functions=None, is_python_module=False, extra_cflags=FLAGS)
+        load_inline(name, cpp_sources=SOURCE, functions=None, is_python_module=False,
+                    extra_cflags=build_flags())
     except Exception as error:  # any build failure: the compiled step keeps bmm
         logger.warning("hf_treespec: the one-row cache attention could not be built (%s); compiled one-row steps "
                        "attend with bmm instead (the same tokens, slower at long contexts).", failure_reason(error))

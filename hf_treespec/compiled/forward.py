@@ -260,9 +260,11 @@ class CompiledForward:
         parts: list[list[torch.Tensor]] = []
         for start in range(0, length, PREFILL_CHUNK):
             stop = min(start + PREFILL_CHUNK, length)
-            # fresh contiguous tensors: the graphs were traced on such inputs, and their guards are not evaluated
-            logits = self(input_ids[:, start:stop].clone(), position_ids[:, start:stop].clone(),
-                          mask[:, :, start:stop, :stop].contiguous(), cache)
+            # fresh tensors with contiguous strides: the graphs were traced on such inputs and guard the strides
+            # (even of a size-1 batch), which are not evaluated on their calls
+            chunk = [tensor.clone(memory_format=torch.contiguous_format) for tensor in
+                     (input_ids[:, start:stop], position_ids[:, start:stop], mask[:, :, start:stop, :stop])]
+            logits = self(*chunk, cache)
             if layers:
                 parts.append(self.states(layers).parts)
         if not layers:
