@@ -73,3 +73,29 @@ def test_unknown_processors_are_per_node():
         pass
 
     assert not is_prefix_independent(MyTopP(0.9))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fast_min_length_processors_equal_transformers(dtype):
+    """The min-length processors computed the fast way (`FAST_PROCESSORS`) give transformers' output exactly: below,
+    at and above the length, EOS ids inside and outside the vocabulary, one row and several; a list mixing them with
+    other processors too, and per tree node (`process_tree_logits`)."""
+    from hf_treespec.generation.processors import FAST_PROCESSORS, run_processors
+
+    vocab = 50
+    scores = torch.randn(3, vocab, generator=torch.Generator().manual_seed(3)).to(dtype)
+    processors = [lp.MinLengthLogitsProcessor(9, eos_token_id=[4, 7, vocab + 3]),
+                  lp.MinNewTokensLengthLogitsProcessor(prompt_length_to_skip=5, min_new_tokens=3, eos_token_id=11)]
+    assert {type(p) for p in processors} <= set(FAST_PROCESSORS)
+    for length in range(5, 12):
+        ids = torch.randint(0, vocab, (3, length), generator=torch.Generator().manual_seed(length))
+        for processor in processors:
+            assert torch.equal(FAST_PROCESSORS[type(processor)](processor, ids, scores), processor(ids, scores))
+        mixed = LogitsProcessorList([processors[0], lp.RepetitionPenaltyLogitsProcessor(1.3), processors[1]])
+        assert torch.equal(run_processors(mixed, ids, scores), mixed(ids, scores))
+    tree = random_tree(vocab, seed=2)
+    prefix = torch.randint(0, vocab, (1, 6), generator=torch.Generator().manual_seed(4))
+    logits = torch.randn(tree.num_nodes, vocab, generator=torch.Generator().manual_seed(5)).to(dtype)
+    listed = LogitsProcessorList(processors)
+    out = process_tree_logits(listed, prefix, tree, torch.arange(tree.num_nodes), logits)
+    assert torch.equal(out, per_node(listed, prefix, tree, logits))

@@ -37,7 +37,7 @@ from .components import (
 )
 from .draft_source import WarpedDraftSource
 from .drafting import DraftRound, draft_trees
-from .processors import process_tree_logits, processors_for_rows
+from .processors import process_tree_logits, processors_for_rows, run_processors
 from .rows import (
     RowState, RowVerdict, Verification, append_chunk, attention_mask_of, check_batch_inputs, fork_drafter, pad_token,
     padded_sequences, stack_steps,
@@ -139,7 +139,7 @@ class TreeDecodingLoop:
             inputs["attention_mask"] = mask.long()
         logits, states = self.target.prefill(**inputs, logits_to_keep=1)
         logits = logits[:, -1].float()
-        processed = self.logits_processor(self.input_ids, logits)
+        processed = run_processors(self.logits_processor, self.input_ids, logits)
         first = torch.multinomial(processed.softmax(-1), 1)[:, 0] if self.do_sample else processed.argmax(-1)
         roots = first.tolist()
         self.timer.drafting()
@@ -228,7 +228,8 @@ class TreeDecodingLoop:
             ids = rows[0].ids if len(rows) == 1 else torch.cat([row.ids for row in rows])
             processors = (self.logits_processor if len(group) == self.batch
                           else processors_for_rows(self.logits_processor, [row.index for row in rows]))
-            processed = processors(ids, raw.clone() if self.want_logits else raw) if len(processors) else raw
+            scores = raw.clone() if self.want_logits else raw
+            processed = run_processors(processors, ids, scores) if len(processors) else raw
             # plain generate's argmax (first maximum on ties), or one vectorised draw per row when sampling
             tokens = self.verifier.target_choices(processed).cpu()
             extended = torch.cat([ids, tokens[:, None].to(self.device)], dim=1)

@@ -19,6 +19,7 @@ from ..compiled.host_threads import HostThreads
 from ..kv.stateful_kv import hand_back
 from .config import GENERATE_ONLY_KWARGS
 from .components import check_empty_cache, returns_outside_inference_mode
+from .processors import run_processors
 from .target import TargetForward, compiled_for_generation
 
 
@@ -60,7 +61,7 @@ def plain_decoding(
         threads.narrow()
         while True:
             raw = logits[:, -1].float()
-            processed = logits_processor(input_ids, raw)
+            processed = run_processors(logits_processor, input_ids, raw)
             if scores is not None:
                 scores += (processed,)
             if raw_logits is not None:

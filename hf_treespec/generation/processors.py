@@ -5,11 +5,15 @@ its own: they never read ``input_ids``. Those run once over all tree rows (one b
 spread the per-row sort of top-p over threads). Processors that read the prefix (repetition penalty,
 no-repeat-ngram, min-length, bad words, ...) run per depth with each node's own prefix. A processor class not listed
 in `PREFIX_INDEPENDENT` is treated as prefix-dependent (safe by default); `register_prefix_independent` adds one.
+`run_processors` calls a list as transformers does, except the processors of `FAST_PROCESSORS`, computed a faster
+way with the same output.
 """
 
 from __future__ import annotations
 
 import copy
+import math
+from collections.abc import Callable
 from itertools import groupby
 
 import torch
@@ -58,6 +62,37 @@ def processors_for_rows(processors: LogitsProcessorList, rows: int | list[int]) 
     return LogitsProcessorList(narrowed)
 
 
+def _eos_suppressed(processor, scores: torch.Tensor, active: bool) -> torch.Tensor:
+    """A copy of ``scores`` with the processor's EOS ids at -inf when ``active``: what the min-length processors
+    compute through a vocabulary-wide ``isin`` and ``where`` (0.1-0.2 ms a call on a 49k vocabulary, paid per tree
+    depth and per draft round)."""
+    out = scores.clone()
+    if active:
+        eos = processor.eos_token_id.to(scores.device)
+        out[..., eos[(eos >= 0) & (eos < scores.shape[-1])]] = -math.inf  # isin ignores ids outside the vocabulary
+    return out
+
+
+#: generate's processors computed a faster way with the same output (exact class -> function(processor, input_ids,
+#: scores)); `run_processors` uses them, anything else runs as transformers runs it
+FAST_PROCESSORS: dict[type, Callable] = {
+    lp.MinLengthLogitsProcessor:
+        lambda p, ids, scores: _eos_suppressed(p, scores, ids.shape[-1] < p.min_length),
+    lp.MinNewTokensLengthLogitsProcessor:
+        lambda p, ids, scores: _eos_suppressed(p, scores, ids.shape[-1] - p.prompt_length_to_skip < p.min_new_tokens),
+}
+
+
+def run_processors(processors: LogitsProcessorList, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """``processors(input_ids, scores)``, the processors of `FAST_PROCESSORS` computed their faster way."""
+    if not any(type(processor) in FAST_PROCESSORS for processor in processors):
+        return processors(input_ids, scores)
+    for processor in processors:
+        fast = FAST_PROCESSORS.get(type(processor))
+        scores = fast(processor, input_ids, scores) if fast else LogitsProcessorList([processor])(input_ids, scores)
+    return scores
+
+
 def register_prefix_independent(cls: type) -> type:
     """Declares a custom processor class row-wise (it must not read ``input_ids``), so tree rows share one call."""
     PREFIX_INDEPENDENT.add(cls)
@@ -101,5 +136,5 @@ def process_per_depth(processors: LogitsProcessorList, prefix_ids: torch.Tensor,
     for d in depths.unique().tolist():
         rows = (depths == d).nonzero().squeeze(-1)
         ids = torch.cat([prefix_ids.expand(rows.numel(), -1), paths[nodes[rows], 1 : d + 1].to(prefix_ids.device)], 1)
-        out[rows] = processors(ids, logits[rows])
+        out[rows] = run_processors(processors, ids, logits[rows])
     return out
