@@ -245,8 +245,9 @@ class CompiledForward:
         """The prompt forward through the compiled graphs, `PREFILL_CHUNK` rows at a time, into the empty ``cache``:
         ``(logits of the last row [B, 1, V], the decoder layers ``layers`` over every prompt row)``, or None where
         it cannot run (no warm-up yet, a failed compile, a one-token prompt): the caller prefills eagerly. An eager
-        prefill of a 20-token prompt took 51 ms against 34 compiled (SmolLM2-135M, bf16, 2-core EPYC). A
-        left-padded prompt's padding sees only itself and is seen by nothing."""
+        prefill of a 20-token prompt took 51.4 ms against 33.6 compiled (SmolLM2-135M, bf16, 2-core EPYC,
+        docs/results/compiled/compiled-prefill). A left-padded prompt's padding sees only itself and is seen by
+        nothing."""
         batch, length = input_ids.shape
         first = cache.layers[0]
         if self.failure is not None or self._layout is None or length < 2 or first.is_initialized:
