@@ -37,6 +37,17 @@ def causal_row_mask(rows: int, keys: int, dtype: torch.dtype, device: torch.devi
     return float_mask(visible, dtype)
 
 
+def prompt_visibility(prompt_mask: torch.Tensor | None, batch: int, length: int,
+                      device: torch.device | str) -> torch.Tensor:
+    """``[batch, length, length]`` bool: what each prompt row of a prefill sees, causally; with a left-padded
+    ``prompt_mask`` ``[batch, length]``, a padding row sees only itself and is seen by nothing (a row that sees nothing
+    would turn its softmax into NaN)."""
+    visible = torch.ones(length, length, dtype=torch.bool, device=device).tril().expand(batch, -1, -1)
+    if prompt_mask is None:
+        return visible
+    return (visible & prompt_mask.bool().to(device)[:, None, :]) | torch.eye(length, dtype=torch.bool, device=device)
+
+
 def check_tree_positions(model: torch.nn.Module, role: str = "model") -> None:
     """Tree nodes sit at their depth's position, not at their cache column: a model must take ``position_ids``, and
     one whose positions come from the mask instead (ALiBi: Bloom, MPT, Falcon with ``alibi``) is refused by name."""

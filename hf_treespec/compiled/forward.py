@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from ..attention import additive_mask, causal_row_mask
+from ..attention import additive_mask, causal_row_mask, prompt_visibility
 from ..compat import CACHE_KWARG
 from ..features import CapturedStates, decoder_layers
 from .attention import use_lean_attention
@@ -254,10 +254,7 @@ class CompiledForward:
             return None
         device = input_ids.device
         start_empty(cache, batch, self._layout, device)
-        visible = torch.ones(length, length, dtype=torch.bool, device=device).tril()[None]
-        if prompt_mask is not None:
-            visible = (visible & prompt_mask.bool()[:, None, :]) | torch.eye(length, dtype=torch.bool, device=device)
-        mask = additive_mask(visible.expand(batch, -1, -1), self._layout[0][2])[:, None]
+        mask = additive_mask(prompt_visibility(prompt_mask, batch, length, device), self._layout[0][2])[:, None]
         parts: list[list[torch.Tensor]] = []
         for start in range(0, length, PREFILL_CHUNK):
             stop = min(start + PREFILL_CHUNK, length)

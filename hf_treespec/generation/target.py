@@ -13,7 +13,7 @@ from contextlib import nullcontext
 
 import torch
 
-from ..attention import additive_mask
+from ..attention import additive_mask, prompt_visibility
 from ..compat import CACHE_KWARG
 from ..compiled import CompiledForward, compiled_forward_for, preallocate, settings_from_generation_config
 from ..compiled.openvino_export import INSTALL_HINT as OPENVINO_INSTALL_HINT
@@ -102,10 +102,7 @@ class TargetForward:
         ids = inputs["input_ids"].cpu()
         batch, length = ids.shape
         engine.reset(batch)
-        visible = torch.ones(length, length, dtype=torch.bool).tril().expand(batch, -1, -1)
-        prompt = inputs.get("attention_mask")
-        if prompt is not None:
-            visible = (visible & prompt.bool().cpu()[:, None, :]) | torch.eye(length, dtype=torch.bool)
+        visible = prompt_visibility(inputs.get("attention_mask"), batch, length, "cpu")
         positions = inputs.get("position_ids")
         positions = torch.arange(length)[None].expand(batch, -1) if positions is None else positions.cpu()
         logits = engine(ids, positions, additive_mask(visible, torch.float32)[:, None], last_only=True)
