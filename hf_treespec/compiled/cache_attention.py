@@ -20,16 +20,11 @@ then fails and warns once): the compiled step then keeps ``bmm``.
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
-import os
-import platform
-import shutil
-from pathlib import Path
 
 import torch
 
-from .failures import failure_reason
+from . import cpp_ops
 
 logger = logging.getLogger(__name__)
 
@@ -106,30 +101,24 @@ at::Tensor cache_attention(at::Tensor query, at::Tensor key, at::Tensor value, a
   return out;
 }
 
-TORCH_LIBRARY(hf_treespec, m) {
+TORCH_LIBRARY_FRAGMENT(hf_treespec, m) {
   m.def("cache_attention(Tensor query, Tensor key, Tensor value, Tensor mask, float scale) -> Tensor");
   m.impl("cache_attention", c10::DispatchKey::CPU, &cache_attention);
 }
 """
 
-FLAGS = ["-O3", "-march=native", "-ffast-math"]
-#: ATen's vector ISA cap (``ATEN_CPU_CAPABILITY``, which inductor's kernels follow too) -> the flags that keep the op
-#: within it: a capped run stands in for a CPU without the instructions the cap leaves out
-ISA_CAPS = {"avx2": ["-mno-avx512f"], "default": ["-mno-avx"]}
+#: the library's name before the hash of what it is built from
+PREFIX = "hf_treespec_cache_attention"
 
 
 def build_flags() -> list[str]:
-    """The compiler flags: `FLAGS` (this CPU's instructions), within ATen's ISA cap when one is set."""
-    return FLAGS + ISA_CAPS.get(os.environ.get("ATEN_CPU_CAPABILITY", "").lower(), [])
+    """The compiler flags (`cpp_ops.build_flags`: this CPU's instructions within ATen's ISA cap)."""
+    return cpp_ops.build_flags()
 
 
 def build_name() -> str:
     """The extension's name: the source, the flags, torch's version and the CPU it is built for (``-march=native``)."""
-    from ..cost.hardware import cpu_flags
-
-    machine = " ".join(cpu_flags()) or platform.processor()
-    key = "\n".join([SOURCE, " ".join(build_flags()), torch.__version__, platform.machine(), machine])
-    return "hf_treespec_cache_attention_" + hashlib.sha256(key.encode()).hexdigest()[:16]
+    return cpp_ops.build_name(PREFIX, SOURCE, build_flags())
 
 
 @functools.lru_cache(maxsize=1)
@@ -137,22 +126,13 @@ def load_cache_attention():
     """``torch.ops.hf_treespec.cache_attention`` (built on first use in this machine's cache), or None: silently
     without a C++ compiler (compiling the step then fails and says so, once), with one warning when the build fails
     (no ninja, a compiler error)."""
-    from torch.utils.cpp_extension import get_default_build_root, load_inline
-
-    if shutil.which(os.environ.get("CXX", "c++")) is None:  # the compiled step's own fallback warns about it
+    if not cpp_ops.has_compiler():  # the compiled step's own fallback warns about it
         logger.info("hf_treespec: no C++ compiler: compiled one-row steps attend with bmm.")
         return None
-    name = build_name()
-    built = list(Path(get_default_build_root()).glob(f"**/{name}/*.so"))  # torch builds under a version folder
-    if not built:
-        logger.warning("hf_treespec: building the one-row cache attention for this machine (under a minute, once; "
-                       "%s).", name)
-    try:
-        load_inline(name, cpp_sources=SOURCE, functions=None, is_python_module=False,
-                    extra_cflags=build_flags())
-    except Exception as error:  # any build failure: the compiled step keeps bmm
+    failure = cpp_ops.build(build_name(), SOURCE, build_flags(), "the one-row cache attention", logger)
+    if failure is not None:
         logger.warning("hf_treespec: the one-row cache attention could not be built (%s); compiled one-row steps "
-                       "attend with bmm instead (the same tokens, slower at long contexts).", failure_reason(error))
+                       "attend with bmm instead (the same tokens, slower at long contexts).", failure)
         return None
     _register_fake()
     return torch.ops.hf_treespec.cache_attention

@@ -39,6 +39,7 @@ from ..compat import CACHE_KWARG
 from ..features import CapturedStates, decoder_layers
 from .attention import use_lean_attention
 from .failures import failure_reason
+from .few_rows_linear import FewRowsLinears
 from .preallocated import reserve, start_empty
 
 logger = logging.getLogger(__name__)
@@ -65,6 +66,8 @@ class CompileSettings:
     fullgraph: bool = False
     #: call a graph that has compiled without evaluating its guards (one graph per compiled function)
     skip_guards: bool = True
+    #: inductor on a CPU with ``avx512_bf16``: bf16 linears run the few-rows op (`few_rows_linear`) in the graphs
+    few_rows_linear: bool = True
 
     @classmethod
     def recommended(cls, device: torch.device | str = "cpu") -> "CompileSettings":
@@ -177,6 +180,9 @@ class CompiledForward:
     def __post_init__(self) -> None:
         self._parts: list[torch.Tensor | None] = []
         self._hooks = self._capture_hooks()
+        #: the model's bf16 linears routed to the few-rows op while its graphs compile (None: inductor's own)
+        self.linears = (FewRowsLinears.attach(self.model)
+                        if self.settings.few_rows_linear and self.settings.backend == "inductor" else None)
         #: the model's attention reads only the rows a step's mask covers, KV heads in place (`compiled.attention`);
         #: else the graph attends over every buffer row
         self.lean = use_lean_attention(self.model)
@@ -328,6 +334,8 @@ class CompiledForward:
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
+        if self.linears is not None:
+            self.linears.release()
 
     @torch.inference_mode()
     def warm_up(self, batch: int = 1, rows: tuple[int, ...] = (1, WARM_UP_ROWS)) -> dict[str, float]:

@@ -1,0 +1,124 @@
+"""The few-rows bf16 linear of compiled CPU steps (`hf_treespec.compiled.few_rows_linear`): the product ``F.linear``
+gives (fp32 sums rounded once), for every row count a step has and past it, and routed into compiled graphs only."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import tiny_llama
+
+import hf_treespec
+
+from hf_treespec.compiled import cpp_ops, few_rows_linear
+from hf_treespec.compiled.few_rows_linear import MOST_ROWS, FewRowsLinears
+
+
+@pytest.fixture(scope="module")
+def op():
+    if not few_rows_linear.supported():
+        pytest.skip("this CPU has no avx512_bf16 (or no C++ compiler): the op is never used here")
+    built = few_rows_linear.load_few_rows_linear()
+    assert built is not None
+    return built
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 11, MOST_ROWS, MOST_ROWS + 1, 40])
+@pytest.mark.parametrize("bias", [False, True])
+def test_equals_linear(op, rows, bias):
+    """Output sizes off the 64-column tile (200), a batch dimension and rows past `MOST_ROWS` (``at::linear``)."""
+    generator = torch.Generator().manual_seed(rows)
+    x = torch.randn(2, rows, 96, generator=generator).bfloat16()
+    weight = (torch.randn(200, 96, generator=generator) * 0.1).bfloat16()
+    b = torch.randn(200, generator=generator).bfloat16() if bias else None
+    packed = torch.ops.hf_treespec.few_rows_pack(weight)
+    assert packed.shape == (4, 48, 64, 2)
+    out = op(x, weight, packed, b)
+    reference = F.linear(x.float(), weight.float(), None if b is None else b.float())
+    assert out.shape == (2, rows, 200) and out.dtype == torch.bfloat16
+    # one bf16 rounding of the fp32 sums: within half a bf16 step of the exact product (plus fp32 sum-order noise)
+    torch.testing.assert_close(out.float(), reference, atol=1e-4, rtol=2 ** -8)
+
+
+def test_rejects_what_it_cannot_take(op):
+    with pytest.raises(RuntimeError, match="even"):
+        torch.ops.hf_treespec.few_rows_pack(torch.zeros(8, 7, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="bf16"):
+        op(torch.zeros(1, 8), torch.zeros(8, 8), torch.zeros(1, 4, 64, 2), None)
+
+
+def graph_ops(model, *inputs) -> set[str]:
+    """The call targets of the FX graph dynamo traces for ``model(*inputs)``."""
+    seen: set[str] = set()
+
+    def backend(graph_module, example_inputs):
+        seen.update(str(node.target) for node in graph_module.graph.nodes if node.op == "call_function")
+        return graph_module.forward
+
+    torch._dynamo.reset()
+    torch.compile(model, backend=backend)(*inputs)
+    return seen
+
+
+def test_routes_a_models_linears_in_compiled_graphs_only(op):
+    """Hooked, a bf16 model's traced graph of several rows calls the op for every linear (a one-row graph and a
+    batch's keep their own); its eager forward is untouched (the same logits bit for bit); released, the graph is the model's own
+    again."""
+    model = tiny_llama(seed=4).to(torch.bfloat16)
+    ids = torch.randint(0, 64, (1, 5), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        before = model(ids).logits
+        routed = FewRowsLinears.attach(model)
+        assert routed is not None and len(routed.handles) == 4 * 7 + 1  # q k v o gate up down per layer, the head
+        assert torch.equal(model(ids).logits, before)
+        assert "hf_treespec.few_rows_linear" in graph_ops(model, ids)
+        assert "hf_treespec.few_rows_linear" not in graph_ops(model, ids[:, :1])  # a one-row graph keeps its own
+        assert "hf_treespec.few_rows_linear" not in graph_ops(model, ids.repeat(2, 1))  # and a batch's graph
+        compiled = torch.compile(model, backend="eager")(ids).logits
+        torch.testing.assert_close(compiled.float(), before.float(), atol=0.1, rtol=0.05)
+        routed.release()
+        assert "hf_treespec.few_rows_linear" not in graph_ops(model, ids)
+    torch._dynamo.reset()
+
+
+def test_serves_bf16_cpu_models_only(monkeypatch):
+    assert FewRowsLinears.attach(tiny_llama(seed=4)) is None  # fp32: inductor's linears
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")  # a run standing in for a CPU without avx512
+    assert not few_rows_linear.supported()
+    assert cpp_ops.isa_capped_below_avx512()
+
+
+@pytest.mark.slow
+def test_an_inductor_step_of_several_rows_runs_it(op):
+    """Inductor with the recommended settings: the several-rows graph of a bf16 model runs the op (its linears
+    routed) and gives the eager forward's logits within bf16 rounding."""
+    from transformers import DynamicCache
+
+    from hf_treespec.attention import causal_row_mask
+    from hf_treespec.compat import CACHE_KWARG
+    from hf_treespec.compiled import CompileSettings, CompiledForward, preallocate
+
+    model = hf_treespec.enable(tiny_llama(seed=6).to(torch.bfloat16))
+    compiled = CompiledForward(model, CompileSettings.recommended("cpu"))
+    assert compiled.linears is not None
+    compiled.warm_up(rows=(1, 5))
+    ids = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(6))
+    caches = [DynamicCache(config=model.config), DynamicCache(config=model.config)]
+    preallocate(caches[1], 32)
+    with torch.inference_mode():
+        for cache in caches:
+            model(input_ids=ids[:, :7], use_cache=True, **{CACHE_KWARG: cache})
+        eager = model(input_ids=ids[:, 7:], use_cache=True, **{CACHE_KWARG: caches[0]}).logits
+        mask = causal_row_mask(5, 12, torch.bfloat16, "cpu")
+        step = (ids[:, 7:].clone(), torch.arange(7, 12)[None], mask)
+        compiled(*step, caches[1])  # the first call of a graph may still check its guards (and recompile)
+        for layer in caches[1].layers:
+            layer.view_rows(7)
+        with torch.profiler.profile() as profile:
+            logits = compiled(*step, caches[1])
+    assert compiled.failure is None and set(compiled.compile_seconds) == {"batch of 1, one row",
+                                                                          "batch of 1, several rows"}
+    calls = {event.key: event.count for event in profile.key_averages()}
+    assert calls.get("hf_treespec::few_rows_linear") == 4 * 7 + 1, calls
+    torch.testing.assert_close(logits.float(), eager.float(), atol=0.15, rtol=0.05)
+    compiled.release()
