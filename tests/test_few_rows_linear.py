@@ -90,8 +90,9 @@ def test_serves_bf16_cpu_models_only(monkeypatch):
 
 @pytest.mark.slow
 def test_an_inductor_step_of_several_rows_runs_it(op):
-    """Inductor with the recommended settings: the several-rows graph of a bf16 model runs the op (its linears
-    routed) and gives the eager forward's logits within bf16 rounding."""
+    """Inductor with the recommended settings: the few-rows graph of a bf16 model runs the op (its linears routed)
+    and gives the eager forward's logits within bf16 rounding; the graph of more rows (a prompt's) keeps inductor's
+    linears."""
     from transformers import DynamicCache
 
     from hf_treespec.attention import causal_row_mask
@@ -117,8 +118,16 @@ def test_an_inductor_step_of_several_rows_runs_it(op):
         with torch.profiler.profile() as profile:
             logits = compiled(*step, caches[1])
     assert compiled.failure is None and set(compiled.compile_seconds) == {"batch of 1, one row",
-                                                                          "batch of 1, several rows"}
+                                                                          "batch of 1, few rows"}
     calls = {event.key: event.count for event in profile.key_averages()}
     assert calls.get("hf_treespec::few_rows_linear") == 4 * 7 + 1, calls
     torch.testing.assert_close(logits.float(), eager.float(), atol=0.15, rtol=0.05)
+    prompt = torch.randint(0, 64, (1, MOST_ROWS + 3), generator=torch.Generator().manual_seed(7))
+    with torch.inference_mode():
+        cache = DynamicCache(config=model.config)
+        preallocate(cache, 64)
+        with torch.profiler.profile() as profile:
+            compiled.prefill(prompt, torch.arange(prompt.shape[1])[None], None, cache, ())
+    assert "batch of 1, several rows" in compiled.compile_seconds
+    assert "hf_treespec::few_rows_linear" not in {event.key for event in profile.key_averages()}
     compiled.release()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -198,9 +199,10 @@ def serves(x: torch.Tensor) -> bool:
     return x.dim() == 3 and static[0] and x.shape[0] == 1 and not (static[1] and x.shape[1] == 1)
 
 
-def _routed(op, packed: torch.Tensor, module: nn.Linear, args, output):
-    """A forward hook: inside a graph being compiled for several rows of one sequence, the op's output."""
-    if not torch.compiler.is_compiling() or not serves(args[0]):
+def _routed(op, packed: torch.Tensor, routing: "FewRowsLinears", module: nn.Linear, args, output):
+    """A forward hook: inside a graph being compiled for several rows of one sequence, while `routing` routes, the
+    op's output."""
+    if not torch.compiler.is_compiling() or not routing.active or not serves(args[0]):
         return None
     return op(args[0], module.weight, packed, module.bias)
 
@@ -213,6 +215,17 @@ class FewRowsLinears:
     handles: list = field(default_factory=list)
     #: packed bytes held besides the model's own weights
     packed_bytes: int = 0
+    #: whether a graph traced now gets the op (`routing`); by default every graph of several rows of one sequence
+    active: bool = True
+
+    @contextmanager
+    def routing(self, active: bool):
+        """Routes the linears of graphs compiled inside the block to the op, or not."""
+        before, self.active = self.active, active
+        try:
+            yield
+        finally:
+            self.active = before
 
     @classmethod
     def attach(cls, model: nn.Module) -> "FewRowsLinears | None":
@@ -230,7 +243,7 @@ class FewRowsLinears:
             for module in linears:
                 packed = torch.ops.hf_treespec.few_rows_pack(module.weight.detach())
                 routed.packed_bytes += packed.numel() * packed.element_size()
-                routed.handles.append(module.register_forward_hook(partial(_routed, op, packed)))
+                routed.handles.append(module.register_forward_hook(partial(_routed, op, packed, routed)))
         return routed
 
     def release(self) -> None:

@@ -39,7 +39,7 @@ from ..compat import CACHE_KWARG
 from ..features import CapturedStates, decoder_layers
 from .attention import use_lean_attention
 from .failures import failure_reason
-from .few_rows_linear import FewRowsLinears
+from .few_rows_linear import MOST_ROWS, FewRowsLinears
 from .preallocated import reserve, start_empty
 
 logger = logging.getLogger(__name__)
@@ -212,10 +212,23 @@ class CompiledForward:
         """The inputs of a warm-up ``[batch, rows]`` step besides tokens, positions, mask and cache (none here)."""
         return {}
 
-    @staticmethod
-    def graph_name(batch: int, rows: int) -> str:
-        """Which compiled graph a ``[batch, rows]`` step runs (torch specialises sizes of 1)."""
-        return f"{'batch of 1' if batch == 1 else 'batch'}, {'one row' if rows == 1 else 'several rows'}"
+    def graph_name(self, batch: int, rows: int) -> str:
+        """Which compiled graph a ``[batch, rows]`` step runs (torch specialises sizes of 1). With the few-rows
+        linear routed, a batch of one of 2 to `MOST_ROWS` rows (tree steps, a short prompt) has a graph of its own
+        whose linears run it; longer prompts keep inductor's prepacked linears (where the op would hand over to the
+        slower ``at::linear``: a 20-token compiled prefill 60 ms against 38, docs/results/compiled/few-rows-linear)."""
+        if rows == 1:
+            kind = "one row"
+        elif batch == 1 and self.linears is not None and rows <= MOST_ROWS:
+            kind = "few rows"
+        else:
+            kind = "several rows"
+        return f"{'batch of 1' if batch == 1 else 'batch'}, {kind}"
+
+    def warm_up_rows(self) -> tuple[int, ...]:
+        """The row counts whose graphs `warm_up` compiles: one row and several (and, with the few-rows linear
+        routed, a prompt's rows past it)."""
+        return (1, WARM_UP_ROWS) if self.linears is None else (1, WARM_UP_ROWS, MOST_ROWS + WARM_UP_ROWS)
 
     def __call__(self, input_ids, position_ids, attention_mask, cache, **extra):
         """One step over ``cache`` (`PreallocatedLayer` s, grown first if needed), with the step's 4D
@@ -283,6 +296,13 @@ class CompiledForward:
             self._graphs[name] = torch.compile(_with_own_code(self._forward), **self.settings.compile_kwargs())
         return self._graphs[name]
 
+    def _routing(self, name: str):
+        """Around a compile of the graph ``name``: the few-rows linear routed into it only if it is the few-rows
+        graph (the hooks read this while dynamo traces; a compiled graph keeps what they chose)."""
+        if self.linears is None:
+            return nullcontext()
+        return self.linears.routing(name.endswith("few rows"))
+
     def _compiled_call(self, input_ids, position_ids, mask, cache, extra: dict):
         name = self.graph_name(*input_ids.shape)
         compiled = self._graph(name)
@@ -294,14 +314,14 @@ class CompiledForward:
                 if "skip_guard_eval_unsafe" not in str(error):
                     raise
                 self._guarded.add(name)
-        if name in self.compile_seconds:
-            with self.settings.config_context():
+        if name in self.compile_seconds:  # guards evaluated: a failing one recompiles
+            with self.settings.config_context(), self._routing(name):
                 return compiled(input_ids, position_ids, mask, cache, **extra)
         logger.warning("hf_treespec: compiling the %s's forward for a %s (%s): minutes on a small CPU, once per "
                        "process.", self.role, name, self.settings.describe())
         start = time.perf_counter()
         try:
-            with self.settings.config_context():
+            with self.settings.config_context(), self._routing(name):
                 out = compiled(input_ids, position_ids, mask, cache, **extra)
         except Exception as error:  # any compiler failure: decode eagerly instead
             self.failure = failure_reason(error)
@@ -338,9 +358,10 @@ class CompiledForward:
             self.linears.release()
 
     @torch.inference_mode()
-    def warm_up(self, batch: int = 1, rows: tuple[int, ...] = (1, WARM_UP_ROWS)) -> dict[str, float]:
-        """Compiles the graphs a decoding loop will call (one row, several rows) on a scratch cache, so the first
-        ``generate`` call is not the one that pays; returns the seconds each compile took."""
+    def warm_up(self, batch: int = 1, rows: tuple[int, ...] | None = None) -> dict[str, float]:
+        """Compiles the graphs a decoding loop will call (``rows``, default `warm_up_rows`) on a scratch cache, so
+        the first ``generate`` call is not the one that pays; returns the seconds each compile took."""
+        rows = self.warm_up_rows() if rows is None else rows
         from transformers import DynamicCache
 
         from .preallocated import preallocate
@@ -384,6 +405,10 @@ class CompiledDrafterForward(CompiledForward):
 
     def _scratch_prefill(self, prompt: torch.Tensor, cache) -> None:
         self.model(input_ids=prompt, use_cache=True, **self._scratch_extra(*prompt.shape), **{CACHE_KWARG: cache})
+
+    def warm_up_rows(self) -> tuple[int, ...]:
+        """One row and several: a drafter's prompt forward runs eagerly, so it needs no graph for long prompts."""
+        return (1, WARM_UP_ROWS)
 
     def _scratch_extra(self, batch: int, rows: int) -> dict:
         device = next(self.model.parameters()).device

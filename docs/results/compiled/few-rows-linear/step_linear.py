@@ -66,7 +66,7 @@ for name in ("few-rows op", "inductor's linears"):
     model = hf_treespec.enable(model)
     settings = replace(CompileSettings.recommended("cpu"), few_rows_linear=name == "few-rows op")
     forwards[name] = CompiledForward(model, settings)
-    seconds = forwards[name].warm_up(rows=(1, 8))
+    seconds = forwards[name].warm_up()
     print(f"# {name}: routed linears {0 if forwards[name].linears is None else len(forwards[name].linears.handles)}, "
           f"compile seconds {seconds}", flush=True)
 
