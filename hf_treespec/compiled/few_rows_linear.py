@@ -1,12 +1,13 @@
 """A bf16 linear for the few rows of a decoding step, over weights packed for ``avx512_bf16`` dot products.
 
 Why: a compiled step that verifies a tree multiplies 2-16 rows by every weight matrix. Inductor hands such a
-dynamic row count to oneDNN, which took 16 ms of a 22 ms five-row step of SmolLM2-135M (bf16, 2-core EPYC) where the
-one-row graph's linears read the same 270 MB in about 9 ms. The kernel here reads each weight once per step for up
-to six rows at a time: its weights are packed ``[N / 64][K / 2][64][2]`` (pairs along K, the layout ``vdpbf16ps``
-multiplies), each pair of an input row is broadcast, and 6 rows x 64 columns of fp32 sums stay in registers. On that
-machine all 211 linears of the model took 8.5-9.5 ms for 1-5 rows against 19-23 ms through eager oneDNN
-(docs/results/compiled/few-rows-linear). Past `MOST_ROWS` rows (a prompt's chunks) the op runs ``at::linear``.
+dynamic row count to oneDNN, which took most of a five-row step of SmolLM2-135M (bf16, 2-core EPYC) where the
+one-row graph's linears stream the same weights at close to the memory's rate. The kernel here reads each weight
+once per step for up to six rows at a time: its weights are packed ``[N / 64][K / 2][64][2]`` (pairs along K, the
+layout ``vdpbf16ps`` multiplies), each pair of an input row is broadcast, and 6 rows x 64 columns of fp32 sums stay
+in registers. On that machine the model's 211 linears took 12.2-13.6 ms for 1-5 rows against 24.0-29.7 ms through
+eager ``F.linear``, and steps of 2-8 rows ran 1.08-1.43x faster (docs/results/compiled/few-rows-linear). Past
+`MOST_ROWS` rows the op runs ``at::linear``.
 
 The sums are fp32 and rounded to bf16 once, as oneDNN's are (the order of the sums differs). Only on CPUs with
 ``avx512_bf16`` (and not under an ATen ISA cap below avx512), for bf16 weights with an even input size.
@@ -191,10 +192,10 @@ def _register_fake() -> None:
 
 def serves(x: torch.Tensor) -> bool:
     """Whether the graph being traced for an input ``x`` ``[batch, rows, K]`` is one the op serves: a batch of one
-    (fixed at 1 while tracing) of several rows. A one-row graph keeps inductor's own linears, which streamed the
-    weights faster there (a one-row step 11.8-12.9 ms with them, 14.3-14.5 ms with the op), and a batch's graph
-    keeps them too: its rows (batch x tree rows) pass `MOST_ROWS`, where the op hands over to ``at::linear``
-    without inductor's prepacked weights."""
+    (fixed at 1 while tracing) of several rows. A one-row graph keeps inductor's own linears, which stream the
+    weights faster for one row than the op (a first version routed them too: its one-row step was slower), and a
+    batch's graph keeps them too: its rows (batch x tree rows) pass `MOST_ROWS`, where the op hands over to
+    ``at::linear`` without inductor's prepacked weights."""
     static = [isinstance(size, int) for size in x.shape[:-1]]
     return x.dim() == 3 and static[0] and x.shape[0] == 1 and not (static[1] and x.shape[1] == 1)
 
