@@ -24,7 +24,7 @@ import logging
 
 import torch
 
-from . import cpp_ops
+from .cpp_ops import build, compiler_flags, has_compiler, library_name
 
 logger = logging.getLogger(__name__)
 
@@ -112,13 +112,13 @@ PREFIX = "hf_treespec_cache_attention"
 
 
 def build_flags() -> list[str]:
-    """The compiler flags (`cpp_ops.build_flags`: this CPU's instructions within ATen's ISA cap)."""
-    return cpp_ops.build_flags()
+    """The compiler flags (`cpp_ops.compiler_flags`: this CPU's instructions within ATen's ISA cap)."""
+    return compiler_flags()
 
 
 def build_name() -> str:
     """The extension's name: the source, the flags, torch's version and the CPU it is built for (``-march=native``)."""
-    return cpp_ops.build_name(PREFIX, SOURCE, build_flags())
+    return library_name(PREFIX, SOURCE, build_flags())
 
 
 @functools.lru_cache(maxsize=1)
@@ -126,10 +126,10 @@ def load_cache_attention():
     """``torch.ops.hf_treespec.cache_attention`` (built on first use in this machine's cache), or None: silently
     without a C++ compiler (compiling the step then fails and says so, once), with one warning when the build fails
     (no ninja, a compiler error)."""
-    if not cpp_ops.has_compiler():  # the compiled step's own fallback warns about it
+    if not has_compiler():  # the compiled step's own fallback warns about it
         logger.info("hf_treespec: no C++ compiler: compiled one-row steps attend with bmm.")
         return None
-    failure = cpp_ops.build(build_name(), SOURCE, build_flags(), "the one-row cache attention", logger)
+    failure = build(build_name(), SOURCE, build_flags(), "the one-row cache attention", logger)
     if failure is not None:
         logger.warning("hf_treespec: the one-row cache attention could not be built (%s); compiled one-row steps "
                        "attend with bmm instead (the same tokens, slower at long contexts).", failure)

@@ -23,7 +23,7 @@ FLAGS = ["-O3", "-march=native", "-ffast-math"]
 ISA_CAPS = {"avx2": ["-mno-avx512f"], "default": ["-mno-avx"]}
 
 
-def build_flags() -> list[str]:
+def compiler_flags() -> list[str]:
     """The compiler flags: `FLAGS` (this CPU's instructions), within ATen's ISA cap when one is set."""
     return FLAGS + ISA_CAPS.get(os.environ.get("ATEN_CPU_CAPABILITY", "").lower(), [])
 
@@ -33,7 +33,7 @@ def isa_capped_below_avx512() -> bool:
     return os.environ.get("ATEN_CPU_CAPABILITY", "").lower() in ISA_CAPS
 
 
-def build_name(prefix: str, source: str, flags: list[str]) -> str:
+def library_name(prefix: str, source: str, flags: list[str]) -> str:
     """An op's library name: ``prefix`` and a hash of the source, the flags, torch's version and this CPU."""
     from ..cost.hardware import cpu_flags
 

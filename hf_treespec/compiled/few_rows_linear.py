@@ -28,7 +28,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from . import cpp_ops
+from .cpp_ops import build, compiler_flags, has_compiler, isa_capped_below_avx512, library_name
 
 logger = logging.getLogger(__name__)
 
@@ -158,14 +158,14 @@ NEEDS = "avx512_bf16"
 
 
 def build_name() -> str:
-    return cpp_ops.build_name(PREFIX, SOURCE, cpp_ops.build_flags())
+    return library_name(PREFIX, SOURCE, compiler_flags())
 
 
 def supported() -> bool:
     """Whether this CPU runs the kernel (``avx512_bf16``, no ATen ISA cap below avx512) and a compiler is here."""
     from ..cost.hardware import cpu_flags
 
-    return NEEDS in cpu_flags() and not cpp_ops.isa_capped_below_avx512() and cpp_ops.has_compiler()
+    return NEEDS in cpu_flags() and not isa_capped_below_avx512() and has_compiler()
 
 
 @functools.lru_cache(maxsize=1)
@@ -174,7 +174,7 @@ def load_few_rows_linear():
     CPU cannot run it or the build fails (one warning: the compiled steps keep inductor's linears)."""
     if not supported():
         return None
-    failure = cpp_ops.build(build_name(), SOURCE, cpp_ops.build_flags(), "the few-rows bf16 linear", logger)
+    failure = build(build_name(), SOURCE, compiler_flags(), "the few-rows bf16 linear", logger)
     if failure is not None:
         logger.warning("hf_treespec: the few-rows bf16 linear could not be built (%s); compiled steps keep "
                        "inductor's linears (the same tokens, slower tree steps).", failure)
