@@ -1,6 +1,6 @@
 """Building the package's small C++ ops for this machine (torch's ``load_inline``), shared by every op.
 
-Each op is built once per machine with ``-march=native`` (within ATen's ISA cap, see `build_flags`) under a name that
+Each op is built once per machine with ``-march=native`` (within ATen's ISA cap, see `compiler_flags`) under a name that
 carries its source, the flags, torch's version and the CPU, so a later process only loads the built library.
 """
 

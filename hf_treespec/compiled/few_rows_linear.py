@@ -34,8 +34,6 @@ logger = logging.getLogger(__name__)
 
 #: rows above which the op hands the product to ``at::linear`` (compute-bound there: oneDNN's blocking wins)
 MOST_ROWS = 16
-#: columns per packed tile (four 16-lane vectors)
-TILE_COLUMNS = 64
 
 SOURCE = r"""
 #include <torch/extension.h>
@@ -214,8 +212,6 @@ class FewRowsLinears:
 
     model: nn.Module
     handles: list = field(default_factory=list)
-    #: packed bytes held besides the model's own weights
-    packed_bytes: int = 0
     #: whether a graph traced now gets the op (`routing`); by default every graph of several rows of one sequence
     active: bool = True
 
@@ -243,7 +239,6 @@ class FewRowsLinears:
         with torch.no_grad():
             for module in linears:
                 packed = torch.ops.hf_treespec.few_rows_pack(module.weight.detach())
-                routed.packed_bytes += packed.numel() * packed.element_size()
                 routed.handles.append(module.register_forward_hook(partial(_routed, op, packed, routed)))
         return routed
 

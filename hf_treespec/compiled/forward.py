@@ -6,8 +6,9 @@ and runs a one-row step about twice as fast as eager. What this module does:
 
 - compiles ``model(input_ids, position_ids, attention_mask, cache)`` with the dimensions that vary marked dynamic
   (rows of a tree, batch, the capacity of a `PreallocatedLayer` cache) and every other one static, so one process
-  compiles two graphs per batch shape (one row, several rows: torch specialises a size of 1) and never recompiles as
-  the context grows;
+  compiles two graphs per batch shape (one row, several rows: torch specialises a size of 1; a batch of one's tree
+  steps get a third where `few_rows_linear` runs their linears, see `graph_name`) and never recompiles as the
+  context grows;
 - captures the output of every decoder layer through forward hooks registered once, before the first compile (hooks
   added or removed later would change the graph's guards and recompile), so any feature drafter reads its layers;
 - falls back to the eager forward, with one warning that says why, when compilation fails (no C++ compiler, an op or
@@ -53,6 +54,8 @@ WARM_UP_CONTEXT = 8
 #: prompt rows per compiled prefill forward: bounds the several-rows graph's scores (rows x context per head) and
 #: logits (rows x vocabulary) on a long prompt
 PREFILL_CHUNK = 256
+#: the kind of graph (`CompiledForward.graph_name`) whose linears run the few-rows op
+FEW_ROWS = "few rows"
 
 
 @dataclass(frozen=True)
@@ -220,7 +223,7 @@ class CompiledForward:
         if rows == 1:
             kind = "one row"
         elif batch == 1 and self.linears is not None and rows <= MOST_ROWS:
-            kind = "few rows"
+            kind = FEW_ROWS
         else:
             kind = "several rows"
         return f"{'batch of 1' if batch == 1 else 'batch'}, {kind}"
@@ -301,7 +304,7 @@ class CompiledForward:
         graph (the hooks read this while dynamo traces; a compiled graph keeps what they chose)."""
         if self.linears is None:
             return nullcontext()
-        return self.linears.routing(name.endswith("few rows"))
+        return self.linears.routing(name.endswith(FEW_ROWS))
 
     def _compiled_call(self, input_ids, position_ids, mask, cache, extra: dict):
         name = self.graph_name(*input_ids.shape)
