@@ -1,6 +1,6 @@
-"""The one-row cache attention of compiled CPU steps (`hf_treespec.compiled.cache_attention`): the same attention as
-`grouped_attention` read from the buffers in place, the model's lean attention switched to it where it builds, and
-the bmm stand-in with one warning where it does not."""
+"""The cache attention of compiled CPU steps (`hf_treespec.compiled.cache_attention`): the same attention as
+`grouped_attention` read from the buffers in place (one row, a tree step's rows, a prompt's chunk), the model's
+lean attention switched to it where it builds, and the bmm stand-in with one warning where it does not."""
 
 from __future__ import annotations
 
@@ -46,6 +46,33 @@ def test_reads_the_buffers_like_grouped_attention(op, dtype, batch, tolerance):
     unused = key.clone()
     unused[:, :, 27:] = float("nan")  # rows past the mask are never read
     assert not out.isnan().any() and not op(query, unused, value, mask, 0.125).isnan().any()
+
+
+@pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("batch,rows,dim", [(1, 2, 64), (1, 5, 64), (2, 7, 32), (1, 16, 128), (3, 6, 80),
+                                            (1, 17, 64), (2, 40, 64)])
+def test_several_rows_read_the_buffers_like_grouped_attention(op, dtype, tolerance, batch, rows, dim):
+    """A tree step's rows (blocks of query vectors across lanes up to 16 rows, head sizes 32 / 64 / 128; another
+    head size and a prompt's chunk through bmm): grouped_attention's output under a tree mask, left padding and a
+    rejected row, and nothing read past the mask's columns."""
+    generator = torch.Generator().manual_seed(rows * dim + batch)
+    length = rows + 24
+    query = torch.randn(batch, rows, 9, dim, generator=generator).to(dtype).transpose(1, 2)  # strided, as handed
+    key = torch.randn(batch, 3, length + 11, dim, generator=generator).to(dtype)
+    value = torch.randn(batch, 3, length + 11, dim, generator=generator).to(dtype)
+    lowest = torch.finfo(dtype).min
+    mask = torch.zeros(batch, 1, rows, length, dtype=dtype)
+    mask[..., length - rows:] = torch.where(torch.rand(rows, rows, generator=generator) < 0.5, lowest, 0.0).to(dtype)
+    mask[..., length - rows:].diagonal(dim1=-2, dim2=-1).fill_(0)  # every row sees itself (a tree's ancestors vary)
+    mask[0, ..., :3] = lowest  # left padding of the first sequence
+    mask[..., 10] = lowest  # a rejected tree row kept in the cache
+    out = op(query, key, value, mask, dim ** -0.5)
+    assert out.shape == (batch, rows, 9, dim) and out.dtype == dtype
+    expected = grouped_attention(query.float(), key.float(), value.float(), mask.float(), dim ** -0.5)
+    torch.testing.assert_close(out.float(), expected, atol=tolerance, rtol=tolerance)
+    unused = key.clone()
+    unused[:, :, length:] = float("nan")
+    assert not op(query, unused, value, mask, dim ** -0.5).isnan().any()
 
 
 def test_a_compiled_cpu_model_attends_with_it(op):

@@ -9,8 +9,8 @@ functions registered here instead
 - group the query heads of each KV head (``[B, kv_heads, groups x rows, head_dim]``), so the keys and values are
   read in place, never repeated.
 
-On a CPU, steps of one query row read the buffers in place through a small C++ op (`cache_attention`), where it
-builds. Every other forward (eager ones: the prefill, a fallback, plain decoding; a mask as long as the keys) runs
+On a CPU the steps read the buffers in place through a small C++ op (`cache_attention`: one query row, or the
+few rows of a tree step, without copying the rows they read; a prompt's chunk through two ``bmm``), where it builds. Every other forward (eager ones: the prefill, a fallback, plain decoding; a mask as long as the keys) runs
 exactly the attention they wrap, so eager decoding gives the tokens it always gave. `use_lean_attention` switches a
 model to them (``sdpa`` and ``eager`` models; others keep theirs).
 """
@@ -29,7 +29,7 @@ from .cache_attention import load_cache_attention
 BASES = {"sdpa": sdpa_attention_forward, "eager": eager_attention_forward}
 MASKS = {"sdpa": sdpa_mask, "eager": eager_mask}
 PREFIX = "treespec_lean_"
-#: the part of a lean implementation's name that says its one-row steps read the cache in place
+#: the part of a lean implementation's name that says its steps read the cache in place
 IN_PLACE = "in_place_"
 
 
@@ -61,9 +61,9 @@ def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     return out.transpose(1, 2).contiguous()
 
 
-def _lean(base, one_row=None):
-    """The lean stand-in of ``base``; ``one_row``: the op for steps of one query row on the CPU (`cache_attention`),
-    else `grouped_attention` serves them too."""
+def _lean(base, in_place=None):
+    """The lean stand-in of ``base``; ``in_place``: the op for steps on the CPU (`cache_attention`), else
+    `grouped_attention` serves them."""
     def attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
         # a compiled step hands the whole buffers with a mask over the used rows only (traced, or run eagerly by a
         # dynamo past its recompile limit: the same arithmetic either way); every other forward is the base's
@@ -73,8 +73,8 @@ def _lean(base, one_row=None):
         if not lean:
             return base(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        if one_row is not None and query.shape[2] == 1 and query.device.type == "cpu":
-            return one_row(query, key, value, attention_mask, scale), None
+        if in_place is not None and query.device.type == "cpu":
+            return in_place(query, key, value, attention_mask, scale), None
         return grouped_attention(query, key, value, attention_mask, scale), None
 
     return attention
@@ -86,13 +86,13 @@ for _name, _base in BASES.items():
 
 
 def _in_place_name(base: str) -> str | None:
-    """The lean stand-in of ``base`` whose one-row steps read the cache in place (registered once the op is
-    built); None where it cannot be built."""
+    """The lean stand-in of ``base`` whose steps read the cache in place (registered once the op is built); None
+    where it cannot be built."""
     op = load_cache_attention()
     if op is None:
         return None
     name = PREFIX + IN_PLACE + base
-    AttentionInterface.register(name, _lean(BASES[base], one_row=op))
+    AttentionInterface.register(name, _lean(BASES[base], in_place=op))
     AttentionMaskInterface.register(name, MASKS[base])
     return name
 
@@ -100,7 +100,7 @@ def _in_place_name(base: str) -> str | None:
 def use_lean_attention(model: torch.nn.Module) -> bool:
     """Switches ``model`` to the lean stand-in of its attention (``set_attn_implementation``, public); True when it
     runs one (already, or now), False for an implementation without one (flash, flex ...: the model is unchanged).
-    On a CPU the stand-in's one-row steps read the cache in place (`cache_attention`) where that op builds."""
+    On a CPU the stand-in's steps read the cache in place (`cache_attention`) where that op builds."""
     current = getattr(model.config, "_attn_implementation", None)
     if isinstance(current, str) and current.startswith(PREFIX):
         return True

@@ -18,14 +18,19 @@ import torch
 from .failures import failure_reason
 
 FLAGS = ["-O3", "-march=native", "-ffast-math"]
+#: ATen's ``parallel_for`` runs its OpenMP loop only in code built with OpenMP: without the flag (``load_inline``
+#: adds none) every op here ran its work on one thread, the step's other threads idle
+OPENMP = ["-fopenmp"]
 #: ATen's vector ISA cap (``ATEN_CPU_CAPABILITY``, which inductor's kernels follow too) -> the flags that keep an op
 #: within it: a capped run stands in for a CPU without the instructions the cap leaves out
 ISA_CAPS = {"avx2": ["-mno-avx512f"], "default": ["-mno-avx"]}
 
 
 def compiler_flags() -> list[str]:
-    """The compiler flags: `FLAGS` (this CPU's instructions), within ATen's ISA cap when one is set."""
-    return FLAGS + ISA_CAPS.get(os.environ.get("ATEN_CPU_CAPABILITY", "").lower(), [])
+    """The compiler flags: `FLAGS` (this CPU's instructions), OpenMP where torch runs its threads with it (Linux
+    builds), within ATen's ISA cap when one is set."""
+    openmp = OPENMP if torch.backends.openmp.is_available() and platform.system() == "Linux" else []
+    return FLAGS + openmp + ISA_CAPS.get(os.environ.get("ATEN_CPU_CAPABILITY", "").lower(), [])
 
 
 def isa_capped_below_avx512() -> bool:

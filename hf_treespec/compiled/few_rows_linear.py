@@ -122,7 +122,9 @@ at::Tensor few_rows_linear(const at::Tensor& input, const at::Tensor& weight, co
     fp32_bias = bias->to(at::kFloat).contiguous();
     bp = fp32_bias.data_ptr<float>();
   }
-  at::parallel_for(0, packed.size(0), 1, [&](int64_t begin, int64_t end) {
+  // one thread for a small weight: forking costs about what streaming a couple of hundred KB does
+  const int64_t tiles = packed.size(0), grain = tiles * K * COLUMNS * 2 < (1 << 18) ? tiles : 1;
+  at::parallel_for(0, tiles, grain, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const uint16_t* w = wp + t * (K / 2) * COLUMNS * 2;
       const int64_t n0 = t * COLUMNS, valid = N - n0 < COLUMNS ? N - n0 : COLUMNS;
