@@ -49,14 +49,13 @@ def test_reads_the_buffers_like_grouped_attention(op, dtype, batch, tolerance):
 
 
 @pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-@pytest.mark.parametrize("batch,rows,dim", [(1, 2, 64), (1, 5, 64), (2, 7, 32), (1, 16, 128), (3, 6, 80),
-                                            (1, 17, 64), (2, 40, 64)])
-def test_several_rows_read_the_buffers_like_grouped_attention(op, dtype, tolerance, batch, rows, dim):
+@pytest.mark.parametrize("batch,rows,dim,length", [(1, 2, 64, 26), (1, 5, 64, 29), (2, 7, 32, 31), (1, 16, 128, 40),
+                                                   (3, 6, 80, 30), (1, 17, 64, 41), (2, 40, 64, 64), (1, 10, 64, 900)])
+def test_several_rows_read_the_buffers_like_grouped_attention(op, dtype, tolerance, batch, rows, dim, length):
     """A tree step's rows (blocks of query vectors across lanes up to 16 rows, head sizes 32 / 64 / 128; another
-    head size and a prompt's chunk through bmm): grouped_attention's output under a tree mask, left padding and a
-    rejected row, and nothing read past the mask's columns."""
+    head size, a prompt's chunk and many rows x keys through bmm): grouped_attention's output under a tree mask, left
+    padding and a rejected row, and nothing read past the mask's columns."""
     generator = torch.Generator().manual_seed(rows * dim + batch)
-    length = rows + 24
     query = torch.randn(batch, rows, 9, dim, generator=generator).to(dtype).transpose(1, 2)  # strided, as handed
     key = torch.randn(batch, 3, length + 11, dim, generator=generator).to(dtype)
     value = torch.randn(batch, 3, length + 11, dim, generator=generator).to(dtype)
