@@ -17,3 +17,9 @@ if [ ! -e $OUT/sharegpt-dev/summary.json ]; then
   hf-treespec bench --num-questions 6 --max-new-tokens 64 --repeats 3 --no-progress --dtype bf16 --dataset sharegpt-dev \
     --out $OUT/sharegpt-dev --methods "$METHODS"
 fi
+# sampling at T=1 (the same prompts; no OpenVINO row: its loop is greedy only)
+T1_METHODS="plain,plain@compile=true,tree:salf@compile=true,tree:salf@compile=true@tree_budget=4,tree:dyspec@compile=true"
+if [ ! -e $OUT/sharegpt-dev-t1/summary.json ]; then
+  hf-treespec bench --num-questions 6 --max-new-tokens 64 --repeats 3 --no-progress --dtype bf16 --dataset sharegpt-dev \
+    --temperature 1.0 --out $OUT/sharegpt-dev-t1 --methods "$T1_METHODS"
+fi
