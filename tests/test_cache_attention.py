@@ -128,3 +128,17 @@ def test_the_build_keeps_within_atens_isa_cap(monkeypatch):
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
     assert "-mno-avx512f" in cache_attention.build_flags()
     assert cache_attention.build_name() != native
+
+
+def test_the_ops_are_built_to_run_on_torchs_threads(monkeypatch):
+    """ATen's ``parallel_for`` in an extension runs its loop on one thread unless the extension is built with OpenMP
+    (``load_inline`` adds no such flag): on Linux, where torch runs its threads with OpenMP, the ops' flags ask for it."""
+    import platform
+
+    from hf_treespec.compiled import cpp_ops
+
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    expected = torch.backends.openmp.is_available() and platform.system() == "Linux"
+    assert ("-fopenmp" in cache_attention.build_flags()) == expected
+    monkeypatch.setattr(cpp_ops.platform, "system", lambda: "Darwin")  # Apple's clang has no -fopenmp
+    assert "-fopenmp" not in cache_attention.build_flags()
