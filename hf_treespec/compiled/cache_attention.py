@@ -54,6 +54,19 @@ SOURCE = r"""
 
 constexpr int64_t MOST_ROWS = %(most_rows)d, MOST_ROW_KEYS = %(most_row_keys)d;
 
+// the data and strides a kernel reads and writes
+template <typename T>
+struct Operands {
+  const T *q, *k, *v, *mask;
+  T* out;
+  c10::IntArrayRef qs, ks, vs, ms, os;
+  Operands(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& mask_,
+           at::Tensor& out_)
+      : q(query.data_ptr<T>()), k(key.data_ptr<T>()), v(value.data_ptr<T>()), mask(mask_.data_ptr<T>()),
+        out(out_.data_ptr<T>()), qs(query.strides()), ks(key.strides()), vs(value.strides()), ms(mask_.strides()),
+        os(out_.strides()) {}
+};
+
 // query [B, H, q, D], key / value [B, H_kv, capacity, D] (rows contiguous), additive mask [B, 1, q, L]:
 // out [B, q, H, D] = softmax(query . key[:L] * scale + mask) . value[:L], one query row at a time
 template <typename T>
@@ -61,12 +74,10 @@ static void attend(const at::Tensor& query, const at::Tensor& key, const at::Ten
                    double scale, at::Tensor& out) {
   const int64_t B = query.size(0), H = query.size(1), Q = query.size(2), D = query.size(3);
   const int64_t groups = H / key.size(1), L = mask.size(3);
-  const T* qp = query.data_ptr<T>();
-  const T* kp = key.data_ptr<T>();
-  const T* vp = value.data_ptr<T>();
-  const T* mp = mask.data_ptr<T>();
-  T* op = out.data_ptr<T>();
-  const auto qs = query.strides(), ks = key.strides(), vs = value.strides(), ms = mask.strides(), os = out.strides();
+  const Operands<T> o(query, key, value, mask, out);
+  const T *qp = o.q, *kp = o.k, *vp = o.v, *mp = o.mask;
+  T* op = o.out;
+  const auto &qs = o.qs, &ks = o.ks, &vs = o.vs, &ms = o.ms, &os = o.os;
   at::parallel_for(0, B * H * Q, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(L), q(D), acc(D);
     for (int64_t index = begin; index < end; ++index) {
@@ -219,12 +230,10 @@ static void attend_rows(const at::Tensor& query, const at::Tensor& key, const at
   const int64_t B = query.size(0), H = query.size(1), Q = query.size(2), kv_heads = key.size(1);
   const int64_t groups = H / kv_heads, L = mask.size(3), per_head = groups * Q;
   const int64_t blocks = (per_head + 15) / 16;
-  const T* qp = query.data_ptr<T>();
-  const T* kp = key.data_ptr<T>();
-  const T* vp = value.data_ptr<T>();
-  const T* mp = mask.data_ptr<T>();
-  T* op = out.data_ptr<T>();
-  const auto qs = query.strides(), ks = key.strides(), vs = value.strides(), ms = mask.strides(), os = out.strides();
+  const Operands<T> o(query, key, value, mask, out);
+  const T *qp = o.q, *kp = o.k, *vp = o.v, *mp = o.mask;
+  T* op = o.out;
+  const auto &qs = o.qs, &ks = o.ks, &vs = o.vs, &ms = o.ms, &os = o.os;
   at::parallel_for(0, B * kv_heads * blocks, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores((L + 1) * 16);  // [key][lane], and a row that a last block's spare lanes read
     alignas(64) float row[D];
