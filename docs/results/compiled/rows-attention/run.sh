@@ -23,3 +23,9 @@ if [ ! -e $OUT/sharegpt-dev-t1/summary.json ]; then
   hf-treespec bench --num-questions 6 --max-new-tokens 64 --repeats 3 --no-progress --dtype bf16 --dataset sharegpt-dev \
     --temperature 1.0 --out $OUT/sharegpt-dev-t1 --methods "$T1_METHODS"
 fi
+# T=1, DySpec's sampled trees at budgets the few-rows graph serves (its default 60 nodes verify 61 rows a step)
+DY_METHODS="plain@compile=true,tree:salf@compile=true@tree_budget=4,tree:dyspec@compile=true@tree_budget=4,tree:dyspec@compile=true@tree_budget=8,tree:dyspec@compile=true@tree_budget=15"
+if [ ! -e $OUT/sharegpt-dev-t1-dyspec/summary.json ]; then
+  hf-treespec bench --num-questions 6 --max-new-tokens 64 --repeats 3 --no-progress --dtype bf16 --dataset sharegpt-dev \
+    --temperature 1.0 --out $OUT/sharegpt-dev-t1-dyspec --methods "$DY_METHODS"
+fi
