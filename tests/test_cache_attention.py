@@ -132,7 +132,8 @@ def test_the_build_keeps_within_atens_isa_cap(monkeypatch):
 
 def test_the_ops_are_built_to_run_on_torchs_threads(monkeypatch):
     """ATen's ``parallel_for`` in an extension runs its loop on one thread unless the extension is built with OpenMP
-    (``load_inline`` adds no such flag): on Linux, where torch runs its threads with OpenMP, the ops' flags ask for it."""
+    (``load_inline`` adds no such flag): on Linux, where torch runs its threads with OpenMP, the ops' flags ask for
+    it."""
     import platform
 
     from hf_treespec.compiled import cpp_ops

@@ -10,9 +10,10 @@ functions registered here instead
   read in place, never repeated.
 
 On a CPU the steps read the buffers in place through a small C++ op (`cache_attention`: one query row, or the
-few rows of a tree step, without copying the rows they read; a prompt's chunk through two ``bmm``), where it builds. Every other forward (eager ones: the prefill, a fallback, plain decoding; a mask as long as the keys) runs
-exactly the attention they wrap, so eager decoding gives the tokens it always gave. `use_lean_attention` switches a
-model to them (``sdpa`` and ``eager`` models; others keep theirs).
+few rows of a tree step, without copying the rows they read; a prompt's chunk through two ``bmm``), where it builds.
+Every other forward (eager ones: the prefill, a fallback, plain decoding; a mask as long as the keys) runs exactly
+the attention they wrap, so eager decoding gives the tokens it always gave. `use_lean_attention` switches a model
+to them (``sdpa`` and ``eager`` models; others keep theirs).
 """
 
 from __future__ import annotations

@@ -37,8 +37,9 @@ logger = logging.getLogger(__name__)
 #: query rows up to which the op attends row by row (one row) or in blocks of query vectors (several, on a CPU with
 #: avx512f); past it (a prompt's chunk) it runs two bmm, which are faster there
 MOST_ROWS = 16
-#: several rows x keys past which the two bmm are faster than the blocks (on a 2-core EPYC, bf16, one layer of
-#: SmolLM2-135M: 8 rows at 1000 keys about even, 16 rows there the bmm 1.2x faster, 16 at 200 the op 1.4x)
+#: several rows x keys past which the two bmm take over from the blocks (set from one layer of SmolLM2-135M on a
+#: 2-core EPYC, bf16: the two were about even near 8 rows at 1000 keys; the op's times below the bound are in
+#: docs/results/compiled/rows-attention, `layer_attention` lines)
 MOST_ROW_KEYS = 8192
 
 SOURCE = r"""
@@ -149,32 +150,32 @@ constexpr int KEYS = 8;  // key rows per pass over a block's queries (independen
 // floats), so a key row's products with all of them are D broadcast multiply-adds and need no horizontal sum
 template <typename T, int LANES>
 struct KeyScores {
+  static constexpr int D = 16 * LANES;
+
+  // R key rows from j: each converted to fp32 once, R independent sums over the transposed vectors
+  template <int R>
+  static void rows(const float (&transposed)[D][16], const T* keys, int64_t kstride, int64_t j, float* scores) {
+    alignas(64) float keys_f[R][D];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < LANES; ++c) _mm512_store_ps(keys_f[r] + 16 * c, load16(keys + (j + r) * kstride + 16 * c));
+    __m512 sums[R];
+    for (int r = 0; r < R; ++r) sums[r] = _mm512_setzero_ps();
+    for (int d = 0; d < D; ++d) {
+      const __m512 q = _mm512_load_ps(transposed[d]);
+      for (int r = 0; r < R; ++r) sums[r] = _mm512_fmadd_ps(_mm512_set1_ps(keys_f[r][d]), q, sums[r]);
+    }
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(scores + (j + r) * 16, sums[r]);
+  }
+
   static void run(const T* const* queries, int64_t qstride, const T* keys, int64_t kstride, int64_t L, float scale,
                   float* scores) {
-    constexpr int D = 16 * LANES;
     alignas(64) float transposed[D][16];
-    alignas(64) float keys_f[KEYS][D];
     for (int m = 0; m < 16; ++m)
       for (int d = 0; d < D; ++d)
         transposed[d][m] = queries[m] ? static_cast<float>(queries[m][d * qstride]) * scale : 0.f;
     int64_t j = 0;
-    for (; j + KEYS <= L; j += KEYS) {
-      for (int r = 0; r < KEYS; ++r)
-        for (int c = 0; c < LANES; ++c) _mm512_store_ps(keys_f[r] + 16 * c, load16(keys + (j + r) * kstride + 16 * c));
-      __m512 sums[KEYS];
-      for (int r = 0; r < KEYS; ++r) sums[r] = _mm512_setzero_ps();
-      for (int d = 0; d < D; ++d) {
-        const __m512 q = _mm512_load_ps(transposed[d]);
-        for (int r = 0; r < KEYS; ++r) sums[r] = _mm512_fmadd_ps(_mm512_set1_ps(keys_f[r][d]), q, sums[r]);
-      }
-      for (int r = 0; r < KEYS; ++r) _mm512_storeu_ps(scores + (j + r) * 16, sums[r]);
-    }
-    for (; j < L; ++j) {
-      for (int c = 0; c < LANES; ++c) _mm512_store_ps(keys_f[0] + 16 * c, load16(keys + j * kstride + 16 * c));
-      __m512 sum = _mm512_setzero_ps();
-      for (int d = 0; d < D; ++d) sum = _mm512_fmadd_ps(_mm512_set1_ps(keys_f[0][d]), _mm512_load_ps(transposed[d]), sum);
-      _mm512_storeu_ps(scores + j * 16, sum);
-    }
+    for (; j + KEYS <= L; j += KEYS) rows<KEYS>(transposed, keys, kstride, j, scores);
+    for (; j < L; ++j) rows<1>(transposed, keys, kstride, j, scores);
   }
 };
 
@@ -183,9 +184,27 @@ struct KeyScores {
 // key row's pairs broadcast straight from the buffer: half the instructions, no conversion of the keys
 template <int LANES>
 struct KeyScores<at::BFloat16, LANES> {
+  static constexpr int PAIRS = 8 * LANES;
+
+  // R key rows from j: R independent sums of pair products, scaled once
+  template <int R>
+  static void rows(const uint16_t (&pairs)[PAIRS][32], const uint16_t* k, int64_t kstride, int64_t j, __m512 factor,
+                   float* scores) {
+    __m512 sums[R];
+    for (int r = 0; r < R; ++r) sums[r] = _mm512_setzero_ps();
+    for (int p = 0; p < PAIRS; ++p) {
+      const __m512i q = _mm512_load_si512(pairs[p]);
+      for (int r = 0; r < R; ++r) {
+        int32_t pair;
+        std::memcpy(&pair, k + (j + r) * kstride + 2 * p, 4);
+        sums[r] = _mm512_dpbf16_ps(sums[r], (__m512bh)_mm512_set1_epi32(pair), (__m512bh)q);
+      }
+    }
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(scores + (j + r) * 16, _mm512_mul_ps(sums[r], factor));
+  }
+
   static void run(const at::BFloat16* const* queries, int64_t qstride, const at::BFloat16* keys, int64_t kstride,
                   int64_t L, float scale, float* scores) {
-    constexpr int PAIRS = 8 * LANES;
     alignas(64) uint16_t pairs[PAIRS][32];
     for (int m = 0; m < 16; ++m)
       for (int d = 0; d < 2 * PAIRS; ++d)
@@ -193,28 +212,8 @@ struct KeyScores<at::BFloat16, LANES> {
     const __m512 factor = _mm512_set1_ps(scale);
     const uint16_t* k = reinterpret_cast<const uint16_t*>(keys);
     int64_t j = 0;
-    for (; j + KEYS <= L; j += KEYS) {
-      __m512 sums[KEYS];
-      for (int r = 0; r < KEYS; ++r) sums[r] = _mm512_setzero_ps();
-      for (int p = 0; p < PAIRS; ++p) {
-        const __m512i q = _mm512_load_si512(pairs[p]);
-        for (int r = 0; r < KEYS; ++r) {
-          int32_t pair;
-          std::memcpy(&pair, k + (j + r) * kstride + 2 * p, 4);
-          sums[r] = _mm512_dpbf16_ps(sums[r], (__m512bh)_mm512_set1_epi32(pair), (__m512bh)q);
-        }
-      }
-      for (int r = 0; r < KEYS; ++r) _mm512_storeu_ps(scores + (j + r) * 16, _mm512_mul_ps(sums[r], factor));
-    }
-    for (; j < L; ++j) {
-      __m512 sum = _mm512_setzero_ps();
-      for (int p = 0; p < PAIRS; ++p) {
-        int32_t pair;
-        std::memcpy(&pair, k + j * kstride + 2 * p, 4);
-        sum = _mm512_dpbf16_ps(sum, (__m512bh)_mm512_set1_epi32(pair), (__m512bh)_mm512_load_si512(pairs[p]));
-      }
-      _mm512_storeu_ps(scores + j * 16, _mm512_mul_ps(sum, factor));
-    }
+    for (; j + KEYS <= L; j += KEYS) rows<KEYS>(pairs, k, kstride, j, factor, scores);
+    for (; j < L; ++j) rows<1>(pairs, k, kstride, j, factor, scores);
   }
 };
 #endif
