@@ -18,3 +18,11 @@ def cost_cache_dir() -> Path:
     again)."""
     env = os.environ.get("HF_TREESPEC_COST_CACHE")
     return Path(env).expanduser() if env else default_cache_dir() / "latency"
+
+
+def compiled_cache_dir() -> Path:
+    """Where compiled and exported forwards are cached (AOTInductor packages, OpenVINO IRs):
+    ``$HF_TREESPEC_COMPILED_CACHE`` if set, else `default_cache_dir` (a separate switch, so that tests or a fresh
+    compile never mean converting checkpoints again)."""
+    env = os.environ.get("HF_TREESPEC_COMPILED_CACHE")
+    return Path(env).expanduser() if env else default_cache_dir()

@@ -57,6 +57,15 @@ def _forget_speed_models(value, seen: set) -> None:
             _forget_speed_models(item, seen)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def session_compiled_cache(tmp_path_factory):
+    """Compiled packages and exported IRs go to a folder of the test session (``HF_TREESPEC_COMPILED_CACHE``), not
+    to the user's cache: the first test that compiles a graph builds its package, later ones load it."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_TREESPEC_COMPILED_CACHE", str(tmp_path_factory.mktemp("compiled-cache")))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def fresh_cost_state(request, tmp_path_factory, monkeypatch):
     """Every test measures costs from scratch: a fresh cost-curve cache (``HF_TREESPEC_COST_CACHE``), and the speed

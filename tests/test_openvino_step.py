@@ -33,10 +33,10 @@ OPENVINO = CompileConfig(backend="openvino")
 
 @pytest.fixture(scope="module")
 def step_cache(tmp_path_factory):
-    """A fresh IR cache for the module (HF_TREESPEC_CACHE), so the first test exports."""
+    """A fresh IR cache for the module (HF_TREESPEC_COMPILED_CACHE), so the first test exports."""
     folder = tmp_path_factory.mktemp("openvino-cache")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("HF_TREESPEC_CACHE", str(folder))
+        patch.setenv("HF_TREESPEC_COMPILED_CACHE", str(folder))
         yield folder
 
 
@@ -341,7 +341,7 @@ def test_a_second_process_reuses_the_export(pair, step_cache, tmp_path):
         "print(step.failure, 'export' in step.compile_seconds, time.perf_counter() - start)\n"
     )
     tests = str(__import__("pathlib").Path(__file__).parent)
-    env = {**__import__("os").environ, "HF_TREESPEC_CACHE": str(step_cache)}
+    env = {**__import__("os").environ, "HF_TREESPEC_COMPILED_CACHE": str(step_cache)}
     runs = []
     for _ in range(2):
         start = time.perf_counter()

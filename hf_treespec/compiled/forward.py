@@ -41,6 +41,7 @@ from ..features import CapturedStates, decoder_layers
 from .attention import use_lean_attention
 from .failures import failure_reason
 from .few_rows_linear import MOST_ROWS, FewRowsLinears
+from .packaged import PackagedGraph, packaged_graph
 from .preallocated import reserve, start_empty
 
 logger = logging.getLogger(__name__)
@@ -71,13 +72,16 @@ class CompileSettings:
     skip_guards: bool = True
     #: inductor on a CPU with ``avx512_bf16``: bf16 linears run the few-rows op (`few_rows_linear`) in the graphs
     few_rows_linear: bool = True
+    #: compile once per machine: each graph exported and compiled ahead of time by AOTInductor into a package on
+    #: disk that later processes load (`packaged`), instead of ``torch.compile`` in every process (inductor only)
+    packaged: bool = False
 
     @classmethod
     def recommended(cls, device: torch.device | str = "cpu") -> "CompileSettings":
         """What measured fastest: on a CPU, frozen weights with inductor's C++ GEMM templates chosen by autotuning;
         on an accelerator, inductor's autotuned kernels (without CUDA graphs, which need static shapes)."""
         if torch.device(device).type == "cpu":
-            return cls(options=(("freezing", True), ("max_autotune", True)))
+            return cls(options=(("freezing", True), ("max_autotune", True)), packaged=True)
         return cls(mode="max-autotune-no-cudagraphs")
 
     @classmethod
@@ -170,12 +174,15 @@ class CompiledForward:
 
     Attributes:
         failure: why compilation was given up (the eager forward runs instead), or None.
-        compile_seconds: wall-clock seconds of each graph's first call (its compilation), by graph name.
+        package_failure: why packaging was given up (``torch.compile`` compiles in this process instead), or None.
+        compile_seconds: wall-clock seconds of each graph's first call (its compilation, or its package's build or
+            load), by graph name.
     """
 
     model: torch.nn.Module
     settings: CompileSettings
     failure: str | None = None
+    package_failure: str | None = None
     compile_seconds: dict[str, float] = field(default_factory=dict)
     #: what the model is, in the log lines
     role: str = "target"
@@ -191,6 +198,8 @@ class CompiledForward:
         self.lean = use_lean_attention(self.model)
         #: one compiled function per graph name (`graph_name`), each compiling exactly one graph
         self._graphs: dict[str, Any] = {}
+        #: the loaded package of each graph name (`settings.packaged`)
+        self._packages: dict[str, PackagedGraph] = {}
         #: graphs whose calls evaluate their guards (dynamo kept no compiled graph for them)
         self._guarded: set[str] = set()
         #: per cache layer, one row's key and value shape and their dtype (read in `warm_up`; `prefill` needs them)
@@ -306,8 +315,36 @@ class CompiledForward:
             return nullcontext()
         return self.linears.routing(name.endswith(FEW_ROWS))
 
+    def _packaged_call(self, name: str, input_ids, position_ids, mask, cache, extra: dict):
+        """The step through the package of graph ``name`` (loaded, or built, on its first call); None where
+        packaging failed (``torch.compile`` then compiles the graphs in this process, with one warning)."""
+        package = self._packages.get(name)
+        if package is None:
+            start = time.perf_counter()
+            try:
+                package, built = packaged_graph(self, name, input_ids, position_ids, mask, cache, extra)
+            except Exception as error:  # an export or AOT compile failure: torch.compile may still compile it
+                self.package_failure = failure_reason(error)
+                logger.warning("hf_treespec: packaging the %s's forward failed (%s); compiling it in this process "
+                               "instead (in every process).", self.role, self.package_failure)
+                return None
+            self._packages[name] = package
+            self.compile_seconds[name] = time.perf_counter() - start
+            if built is not None:
+                logger.warning("hf_treespec: compiled the %s's forward (%s) into %s in %.0f s.", self.role, name,
+                               package.path, built)
+            else:
+                logger.info("hf_treespec: loaded the %s's forward (%s) from %s in %.1f s.", self.role, name,
+                            package.path, self.compile_seconds[name])
+        return package(self, input_ids, position_ids, mask, cache, extra)
+
     def _compiled_call(self, input_ids, position_ids, mask, cache, extra: dict):
         name = self.graph_name(*input_ids.shape)
+        if self.settings.packaged and self.settings.backend == "inductor" and self.package_failure is None:
+            out = self._packaged_call(name, input_ids, position_ids, mask, cache, extra)
+            if out is not None:
+                return out
+            self.compile_seconds.clear()  # compiled afresh from here on
         compiled = self._graph(name)
         if name in self.compile_seconds and name not in self._guarded:
             try:
@@ -373,8 +410,9 @@ class CompiledForward:
         dtype = self.model.dtype
         missing = [count for count in rows if self.graph_name(batch, count) not in self.compile_seconds]
         if missing and self.failure is None:
-            logger.warning("hf_treespec: compiling %d graph(s) of the %s's forward before decoding (%s).",
-                           len(missing), self.role, ", ".join(self.graph_name(batch, count) for count in missing))
+            logger.warning("hf_treespec: %s %d graph(s) of the %s's forward before decoding (%s).",
+                           "preparing" if self.settings.packaged else "compiling", len(missing), self.role,
+                           ", ".join(self.graph_name(batch, count) for count in missing))
         for count in missing:
             if self.failure is not None:
                 break

@@ -7,23 +7,19 @@ Nothing here imports OpenVINO at module level: the package runs without it.
 from __future__ import annotations
 
 import copy
-import hashlib
 import importlib.util
-import json
 import logging
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from ..paths import default_cache_dir
+from .disk_cache import cached_artifact, model_key
 
 logger = logging.getLogger(__name__)
 
 INSTALL_HINT = 'pip install "openvino>=2026.4,<2026.5"'
 IR_FILE = "model.xml"
-PROVENANCE_FILE = "hf_treespec_export.json"
 
 
 def openvino_installed() -> bool:
@@ -33,32 +29,12 @@ def openvino_installed() -> bool:
         return False
 
 
-def weights_fingerprint(model: torch.nn.Module) -> str:
-    """A digest of the weights: every tensor's name, shape and dtype, and a strided sample of its values (a full
-    hash of a large model would cost seconds in every process)."""
-    digest = hashlib.sha256()
-    for name, tensor in model.state_dict().items():
-        flat = tensor.detach().reshape(-1)
-        sample = flat[:: max(1, flat.numel() // 4096)].float().cpu().numpy()
-        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
-        digest.update(sample.tobytes())
-    return digest.hexdigest()
-
-
 def export_key(model: torch.nn.Module, kind: str, **extra) -> dict:
-    """What an exported graph of ``model`` (``kind``: what the graph is) is valid for."""
+    """What an exported graph of ``model`` (``kind``: what the graph is) is valid for (`model_key` and OpenVINO's
+    version)."""
     from importlib.metadata import version
 
-    import transformers
-
-    return {
-        "kind": kind, **extra,
-        "model": getattr(model, "name_or_path", "") or type(model).__name__,
-        "config_sha": hashlib.sha256(model.config.to_json_string(use_diff=False).encode()).hexdigest()[:16],
-        "weights": weights_fingerprint(model)[:24],
-        "dtype": str(model.dtype).removeprefix("torch."),
-        "torch": torch.__version__, "transformers": transformers.__version__, "openvino": version("openvino"),
-    }
+    return {**model_key(model, kind, **extra), "openvino": version("openvino")}
 
 
 def half_types():
@@ -69,24 +45,12 @@ def half_types():
 
 def cached_ir(key: dict, export, what: str) -> tuple[Path, float | None]:
     """The IR folder for ``key`` under ``<cache>/openvino-steps``, made by ``export(folder)`` when missing (the
-    seconds that took, else None). Written to a staging folder and renamed: a reader never sees half an IR."""
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
-    folder = default_cache_dir() / "openvino-steps" / digest
-    if (folder / PROVENANCE_FILE).is_file():
-        return folder, None
-    logger.warning("hf_treespec: exporting the %s to OpenVINO (once per machine and model; seconds to a minute) "
-                   "into %s.", what, folder)
-    start = time.perf_counter()
-    staging = folder.with_name(folder.name + f".tmp{int(time.time() * 1e6)}")
-    export(staging)
-    (staging / PROVENANCE_FILE).write_text(json.dumps(key, indent=1))
-    if folder.exists():  # another process finished first
-        import shutil
+    seconds that took, else None)."""
+    def announce(folder: Path) -> None:
+        logger.warning("hf_treespec: exporting the %s to OpenVINO (once per machine and model; seconds to a "
+                       "minute) into %s.", what, folder)
 
-        shutil.rmtree(staging, ignore_errors=True)
-    else:
-        staging.rename(folder)
-    return folder, time.perf_counter() - start
+    return cached_artifact("openvino-steps", key, export, announce)
 
 
 def fp32_copy(model: torch.nn.Module) -> torch.nn.Module:

@@ -1,0 +1,191 @@
+"""Compile once per machine: a `CompiledForward`'s graphs exported by ``torch.export`` and compiled ahead of time by
+AOTInductor into package files under ``<compiled cache>/compiled-steps/<key>/``, loaded by every later process.
+
+Why: inductor's own cross-process cache skips graphs whose frozen weights are oneDNN-packed, so ``torch.compile``
+spent 4-5 minutes in every process on the three graphs of the 135M target (2-core EPYC). A package holds the
+compiled code and the frozen weights of one graph; loading it takes about a second, and its calls skip dynamo (no
+guards, no cache lookup). The key covers the weights, config and dtype, the library versions, this CPU, the thread
+count (autotuning chose kernels for it), the compile options, the graph and the package's own source.
+
+What is exported: one step of the `CompiledForward` over KV buffers given as tensors and written in place at the
+step's slots (`PreallocatedLayer`), returning the forward's output and the decoder layers' outputs its hooks
+capture; the dimensions that vary between steps are dynamic, as ``torch.compile`` marks them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from .disk_cache import cached_artifact, discard, model_key
+from .preallocated import PreallocatedLayer, WriteSlots
+
+if TYPE_CHECKING:
+    from .forward import CompiledForward
+
+logger = logging.getLogger(__name__)
+
+#: the cache folder of these packages, and the package file in each
+KIND = "compiled-steps"
+PACKAGE_FILE = "step.pt2"
+
+
+def _source_digest() -> str:
+    """A digest of the package's Python source: the exported graph is what this code traces."""
+    root = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def package_key(compiled: "CompiledForward", graph: str) -> dict:
+    """What the package of ``compiled``'s graph ``graph`` is valid for."""
+    from ..cost.hardware import cpu_info
+
+    name, flags = cpu_info()
+    return model_key(
+        compiled.model, f"{compiled.role} step", graph=graph, options=compiled.settings.describe(),
+        attention=str(getattr(compiled.model.config, "_attn_implementation", "")),
+        few_rows_linear=compiled.linears is not None, source=_source_digest(),
+        cpu=name, cpu_flags=" ".join(flags), machine=platform.machine(), threads=torch.get_num_threads(),
+        isa_cap=os.environ.get("ATEN_CPU_CAPABILITY", ""),
+    )
+
+
+def buffers_as_cache(config, slots: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor]):
+    """A ``DynamicCache`` of `PreallocatedLayer` s over the given buffers, writing a step's rows at ``slots``."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=config)
+    write = WriteSlots()
+    write.index = slots
+    for index, (key_buffer, value_buffer) in enumerate(zip(keys, values)):
+        layer = PreallocatedLayer(key_buffer.shape[2], write)
+        layer.key_buffer, layer.value_buffer = key_buffer, value_buffer
+        layer.keys, layer.values = key_buffer[..., :0, :], value_buffer[..., :0, :]
+        layer.is_initialized = True
+        cache.layers[index] = layer
+    return cache
+
+
+class _ExportedStep(nn.Module):
+    """One step of a `CompiledForward` over its cache given as buffers: ``(output, captured layer outputs)``."""
+
+    def __init__(self, compiled: "CompiledForward"):
+        super().__init__()
+        self.model = compiled.model
+        self._compiled = (compiled,)  # not a submodule: its model is the one above
+
+    def forward(self, input_ids, position_ids, mask, slots, keys, values, extra):
+        compiled = self._compiled[0]
+        if compiled.lean:  # lean attention reads the mask's rows, fewer than the buffer holds (`reserve`)
+            torch._check(mask.shape[-1] < keys[0].shape[2])
+        cache = buffers_as_cache(self.model.config, slots, keys, values)
+        compiled.clear()
+        out = compiled._forward(input_ids, position_ids, mask, cache, **extra)
+        return out, tuple(compiled._parts)
+
+
+def _step_inputs(input_ids, position_ids, mask, cache, extra: dict) -> tuple:
+    layers = cache.layers
+    return (input_ids, position_ids, mask, layers[0].slots.index, [layer.key_buffer for layer in layers],
+            [layer.value_buffer for layer in layers], extra)
+
+
+def _dynamic_shapes(inputs: tuple) -> tuple:
+    """The varying dimensions of a step's inputs, as `forward._mark_varying` marks them for ``torch.compile``: batch
+    and rows (sizes of 1 stay static, as torch specialises them), the mask's and the buffers' lengths."""
+    from torch.export import Dim
+
+    input_ids, position_ids, mask, slots, keys, values, extra = inputs
+
+    def varying(tensor: torch.Tensor, dims: tuple[int, ...]) -> dict:
+        return {dim: Dim.AUTO for dim in dims if tensor.shape[dim] > 1}
+
+    buffers = [varying(buffer, (0, 2)) for buffer in keys]
+    return (varying(input_ids, (0, 1)), varying(position_ids, (0, 1)), varying(mask, (0, 2, 3)),
+            varying(slots, (0,)), buffers, buffers, {name: varying(tensor, (0, 1)) for name, tensor in extra.items()})
+
+
+def _detached(inputs: tuple) -> tuple:
+    """Copies of a step's inputs outside inference mode (export traces ordinary tensors), so the real cache is not
+    written by the trace."""
+    with torch.inference_mode(False):
+        return torch.utils._pytree.tree_map(lambda tensor: tensor.clone(), inputs)
+
+
+@dataclass(eq=False)
+class PackagedGraph:
+    """One graph's package, loaded: called like the compiled function it stands for."""
+
+    runner: Any
+    path: Path
+
+    def __call__(self, compiled: "CompiledForward", input_ids, position_ids, mask, cache, extra: dict):
+        out, parts = self.runner(*_step_inputs(input_ids, position_ids, mask, cache, extra))
+        compiled._parts[:] = parts
+        return out
+
+
+def _check_dynamic(exported, shapes: tuple) -> None:
+    """Refuses a graph in which export fixed a dimension that varies between steps: the package would not check
+    its inputs' sizes, and a step of another size would read past its tensors."""
+    signature = exported.graph_signature
+    placeholders = {node.name: node for node in exported.graph.nodes if node.op == "placeholder"}
+    traced = [placeholders[spec.arg.name].meta["val"] for spec in signature.input_specs
+              if spec.kind.name == "USER_INPUT"]
+    input_ids, position_ids, mask, slots, keys, values, extra = shapes
+    marks = [input_ids, position_ids, mask, slots, *keys, *values, *extra.values()]  # the order export flattens
+    if len(traced) != len(marks):
+        raise RuntimeError(f"the exported step takes {len(traced)} tensors, {len(marks)} expected")
+    for index, (value, dims) in enumerate(zip(traced, marks)):
+        fixed = [dim for dim in dims if not isinstance(value.shape[dim], torch.SymInt)]
+        if fixed:
+            raise RuntimeError(f"export fixed dimension(s) {fixed} of input {index} ({tuple(value.shape)}), which "
+                               "vary between steps")
+
+
+def _build(compiled: "CompiledForward", graph: str, inputs: tuple, folder: Path) -> None:
+    from torch.export import export
+
+    shapes = _dynamic_shapes(inputs)
+    with torch.no_grad(), compiled._routing(graph):
+        exported = export(_ExportedStep(compiled), _detached(inputs), dynamic_shapes=shapes, strict=False)
+    _check_dynamic(exported, shapes)
+    torch._inductor.aoti_compile_and_package(exported, package_path=str(folder / PACKAGE_FILE),
+                                             inductor_configs=dict(compiled.settings.options))
+
+
+def packaged_graph(compiled: "CompiledForward", graph: str, input_ids, position_ids, mask, cache, extra: dict
+                   ) -> tuple[PackagedGraph, float | None]:
+    """The package of ``compiled``'s graph ``graph``, loaded from this machine's cache, or built there first (traced
+    on this step's inputs; the seconds the build took, else None). A package that does not load is built again."""
+    inputs = _step_inputs(input_ids, position_ids, mask, cache, extra)
+    key = package_key(compiled, graph)
+
+    def announce(folder: Path) -> None:
+        logger.warning("hf_treespec: compiling the %s's forward for a %s (%s) into a package, once per machine "
+                       "(%s): minutes on a small CPU; later processes load it in seconds.", compiled.role, graph,
+                       compiled.settings.describe(), folder)
+
+    for attempt in range(2):
+        folder, seconds = cached_artifact(KIND, key, lambda out: _build(compiled, graph, inputs, out), announce)
+        try:
+            runner = torch._inductor.aoti_load_package(str(folder / PACKAGE_FILE))
+        except Exception as error:  # a truncated or foreign file: build it again, once
+            if attempt:
+                raise
+            discard(folder, logger, f"{type(error).__name__}: {error}")
+            continue
+        return PackagedGraph(runner, folder / PACKAGE_FILE), seconds
+    raise AssertionError("unreachable")
