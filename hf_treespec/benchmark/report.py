@@ -147,7 +147,7 @@ def markdown_report(result: BenchmarkResult, summaries: list[MethodSummary] | No
         lines += ["", *cost_curve_lines(result.settings["compiled_cost_curve"], compiled=True)]
     if result.settings.get("compile_seconds"):
         spent = ", ".join(f"{name}: {seconds:.0f} s" for name, seconds in result.settings["compile_seconds"].items())
-        lines += ["", f"Compilation of the target forward (before timing): {spent}."]
+        lines += ["", f"Compiling the target forward, or loading its compiled packages (before timing): {spent}."]
     if result.settings.get("method_setup"):
         lines += ["", "Set up before timing:"]
         lines += [f"- {name}: {note}" for name, note in result.settings["method_setup"].items()]

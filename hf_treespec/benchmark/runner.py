@@ -149,26 +149,38 @@ class BenchmarkConfig:
         return self.temperature == 0
 
 
+def packaged_steps(model: torch.nn.Module) -> int:
+    """The steps ``model``'s compiled packages have run in this process."""
+    from ..compiled.forward import packaged_steps as steps
+
+    return steps(model)
+
+
 class ForwardCounter:
     """Counts calls of the target's top-level forward with a hook that exists only inside ``with`` (compiled
     forwards included: the count is a tensor updated in place, which a compiled graph performs; a Python int read by
-    the hook would be a guarded constant there, and every call a recompilation)."""
+    the hook would be a guarded constant there, and every call a recompilation), plus the steps its compiled
+    packages ran (`hf_treespec.compiled.packaged`: they never call the module, and a graph being exported leaves the
+    hook out)."""
 
     def __init__(self, model: torch.nn.Module):
         self.model = model
         self._calls = torch.zeros((), dtype=torch.long)
         self._handle = None
+        self._packaged_from = packaged_steps(model)
 
     @property
     def count(self) -> int:
-        return int(self._calls)
+        return int(self._calls) + packaged_steps(self.model) - self._packaged_from
 
     @count.setter
     def count(self, value: int) -> None:
         self._calls.fill_(value)
+        self._packaged_from = packaged_steps(self.model)
 
     def _hook(self, module, args, output) -> None:
-        self._calls += 1
+        if not torch.compiler.is_exporting():
+            self._calls += 1
 
     def __enter__(self) -> "ForwardCounter":
         self._handle = self.model.register_forward_hook(self._hook)

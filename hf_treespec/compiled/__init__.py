@@ -1,5 +1,6 @@
-"""The compiled target path: the target's forward compiled once per process over a preallocated KV cache, or run
-by OpenVINO (`openvino_step`) with its KV cache kept in the engine.
+"""The compiled target path: the target's forward compiled over a preallocated KV cache (once per machine into
+AOTInductor packages with the recommended CPU settings, `packaged`), or run by OpenVINO (`openvino_step`) with its
+KV cache kept in the engine.
 
 Opt in per call with ``generate(..., compile_config=CompileConfig())`` (inductor) or
 ``CompileConfig(backend="openvino")`` (or on ``model.generation_config``); ``disable_compile=True`` turns it off.

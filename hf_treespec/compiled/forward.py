@@ -5,16 +5,17 @@ one row, while inductor with frozen, prepacked weights and its C++ GEMM kernels 
 and runs a one-row step about twice as fast as eager. What this module does:
 
 - compiles ``model(input_ids, position_ids, attention_mask, cache)`` with the dimensions that vary marked dynamic
-  (rows of a tree, batch, the capacity of a `PreallocatedLayer` cache) and every other one static, so one process
-  compiles two graphs per batch shape (one row, several rows: torch specialises a size of 1; a batch of one's tree
-  steps get a third where `few_rows_linear` runs their linears, see `graph_name`) and never recompiles as the
-  context grows;
+  (rows of a tree, batch, the capacity of a `PreallocatedLayer` cache) and every other one static: two graphs per
+  batch shape (one row, several rows: torch specialises a size of 1; a batch of one's tree steps get a third where
+  `few_rows_linear` runs their linears, see `graph_name`), never recompiled as the context grows; with the
+  recommended CPU settings each graph is compiled once per machine into an AOTInductor package (`packaged`), which
+  later processes load, else by ``torch.compile`` in every process;
 - captures the output of every decoder layer through forward hooks registered once, before the first compile (hooks
   added or removed later would change the graph's guards and recompile), so any feature drafter reads its layers;
 - falls back to the eager forward, with one warning that says why, when compilation fails (no C++ compiler, an op or
   architecture inductor cannot compile): never a crash and never another token than eager decoding would give;
-- picks the graph of a step in Python (one compiled function per graph, each its own code object) and, once it has
-  compiled, calls it without evaluating dynamo's guards (``skip_guard_eval_unsafe``, which checks only the guards
+- picks the graph of a step in Python (one package or compiled function per graph, each its own code object) and,
+  once a ``torch.compile`` graph has compiled, calls it without evaluating dynamo's guards (``skip_guard_eval_unsafe``, which checks only the guards
   that tell a function's graphs apart: with one graph per function, none). The full guard set covers every
   parameter and cache layer: its check took 1.39 ms of a one-row step, 0.42 ms remain (SmolLM2-135M bf16 at context
   200, 2-core EPYC, docs/results/compiled/guard-free-steps). The inputs that vary between steps are marked dynamic,
@@ -184,6 +185,8 @@ class CompiledForward:
     failure: str | None = None
     package_failure: str | None = None
     compile_seconds: dict[str, float] = field(default_factory=dict)
+    #: steps run by packages (they do not call the module: its forward hooks do not see them)
+    packaged_calls: int = 0
     #: what the model is, in the log lines
     role: str = "target"
 
@@ -336,6 +339,7 @@ class CompiledForward:
             else:
                 logger.info("hf_treespec: loaded the %s's forward (%s) from %s in %.1f s.", self.role, name,
                             package.path, self.compile_seconds[name])
+        self.packaged_calls += 1
         return package(self, input_ids, position_ids, mask, cache, extra)
 
     def _compiled_call(self, input_ids, position_ids, mask, cache, extra: dict):
@@ -465,6 +469,11 @@ def compiled_forward_for(model: torch.nn.Module, settings: CompileSettings,
     if settings not in store:
         store[settings] = kind(model, settings)
     return store[settings]
+
+
+def packaged_steps(model: torch.nn.Module) -> int:
+    """The steps the packages of ``model``'s compiled forwards ran (`CompiledForward.packaged_calls`)."""
+    return sum(compiled.packaged_calls for compiled in model.__dict__.get(_STORE, {}).values())
 
 
 def release(model: torch.nn.Module) -> None:

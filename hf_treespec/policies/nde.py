@@ -66,6 +66,10 @@ class HiddenLogprobsRequest(LogprobsRequest):
                              "the drafter (`.drafter`), as generate's does.")
         with capture_draft_hidden(drafter) as seen:
             logprobs = source.logprobs(self.tree, self.nodes)
+        if not seen:  # a compiled drafter's graph does not run the module's hooks
+            raise ValueError("this delay selector reads the drafter's hidden state, which a compiled drafter does "
+                             "not expose to hooks; decode with disable_compile=True, or use a selector without "
+                             "'draft_hidden' in its hidden_inputs.")
         return logprobs, seen[-1]
 
 
