@@ -32,6 +32,7 @@ from hf_treespec.cost.held_size import (
     PRICED_START,
     RARE_EXPLORE,
     HeldSize,
+    HeldSizes,
     SizeLadder,
 )
 from hf_treespec.cost.sizer import TreeSizer
@@ -805,6 +806,28 @@ def test_the_ladder_follows_the_measured_rate_and_explores_neighbours():
     assert tail.count(2) == len(tail) - 4 and set(tail) == {1, 2, 4}  # one step in EXPLORE_EVERY: half or double
 
 
+
+
+def test_draft_free_steps_are_the_ladders_size_0():
+    # sampling with a drafter that accepts little: drafted steps commit 1.4 tokens in 30-40 ms, draft-free ones 1 in
+    # 20 ms; the ladder moves down to size 0 and holds draft-free steps, trying one node now and then, and a probe
+    # (which must draft) gets the best tree size measured
+    def step(n: int) -> tuple[float, float]:
+        return (1.0, 0.020) if n == 0 else (1.4, 0.030 + 0.002 * n)
+
+    ladder = SizeLadder.near(4)
+    sizes = []
+    for _ in range(400):
+        size = ladder.next()
+        sizes.append(size)
+        ladder.observe(size, *step(size))
+    tail = sizes[-EXPLORE_EVERY * 4:]
+    assert ladder.best == 0 and set(tail) == {0, 1} and tail.count(0) == len(tail) - 4
+    held = HeldSizes(ladder=ladder)
+    held.shapes[None] += 1
+    assert {held.next().max_nodes for _ in range(EXPLORE_EVERY - 1)} == {0}
+    assert held.next(draft=True).max_nodes == ladder.best_tree() == 1
+    assert SizeLadder.near(0.1).best == 1  # a ladder starts at a tree size
 
 
 def test_the_ladder_tries_a_clearly_worse_neighbour_rarely_and_still_finds_it_when_it_gets_better():

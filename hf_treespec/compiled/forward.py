@@ -264,7 +264,6 @@ class CompiledForward:
             lowest = torch.finfo(attention_mask.dtype).min
             mask = attention_mask.new_full((*attention_mask.shape[:-1], first.capacity), lowest)
             mask[..., :used] = attention_mask
-        _mark_varying(input_ids, position_ids, mask, first.slots.index, extra)
         try:
             out = self._compiled_call(input_ids, position_ids, mask, cache, extra)
         finally:
@@ -342,13 +341,19 @@ class CompiledForward:
         self.packaged_calls += 1
         return package(self, input_ids, position_ids, mask, cache, extra)
 
+    def _packaging(self) -> bool:
+        """Whether the steps run through packages (`settings.packaged`, inductor, no packaging failure yet)."""
+        return self.settings.packaged and self.settings.backend == "inductor" and self.package_failure is None
+
     def _compiled_call(self, input_ids, position_ids, mask, cache, extra: dict):
         name = self.graph_name(*input_ids.shape)
-        if self.settings.packaged and self.settings.backend == "inductor" and self.package_failure is None:
+        if self._packaging():
             out = self._packaged_call(name, input_ids, position_ids, mask, cache, extra)
             if out is not None:
                 return out
             self.compile_seconds.clear()  # compiled afresh from here on
+        # dynamo's marks (a package's dimensions were fixed when it was exported)
+        _mark_varying(input_ids, position_ids, mask, cache.layers[0].slots.index, extra)
         compiled = self._graph(name)
         if name in self.compile_seconds and name not in self._guarded:
             try:

@@ -1,7 +1,9 @@
 """Held sizes: ``tree_budget="auto"`` between priced steps. After its first priced steps (`TreeSizer`: the cost rule
 on every expansion) the sizing holds one tree size for several steps and picks that size from measured throughput:
 `SizeLadder` keeps each size's tokens per second over its recent steps, exploits the best, and now and then tries a
-neighbour (half or double). `HeldSize` grows the held size as a fixed budget grows.
+neighbour (half or double). Size 0 is a rung too: a draft-free step, so where no tree pays (sampling with a drafter
+that accepts little) the measured rates switch drafting off as they choose between sizes. `HeldSize` grows the held
+size as a fixed budget grows.
 
 Why: pricing every expansion is ~1 ms of Python a step (3% of a 35 ms compiled step), and its per-step choices lost
 to a fixed tree of the size it chose on average (0.92x of the best fixed size in a committed run), because what the
@@ -62,8 +64,11 @@ class HeldSize:
         return min(self.shape[0], max_k), min(self.shape[1], max_l)
 
 
-#: the tree sizes (draft nodes) the ladder holds
-LADDER = (1, 2, 4, 8, 16, 32)
+#: the tree sizes (draft nodes) the ladder holds; 0: a draft-free step. Without that rung, drafting was switched off
+#: only by a test of the drafted steps' mean gain (`SpeedModel.drafting_loses`), which a loss of ~10% a step rarely
+#: passes when drafted steps commit 1-3 tokens: at T=1 the default budget drafted on half its steps and ran at 0.89x
+#: plain decoding through the same compiled step (docs/results/compiled/rows-attention)
+LADDER = (0, 1, 2, 4, 8, 16, 32)
 #: one held step in this many tries a neighbour of the best size (alternately half and double)
 EXPLORE_EVERY = 8
 #: weight kept per observation of a size's rate (a window of ~30 of its steps)
@@ -95,8 +100,13 @@ class SizeLadder:
 
     @classmethod
     def near(cls, nodes: float) -> "SizeLadder":
-        """A ladder starting at the size nearest ``nodes`` (in ratio)."""
-        return cls(min(LADDER, key=lambda size: abs(math.log(size / max(nodes, 0.5)))))
+        """A ladder starting at the tree size nearest ``nodes`` (in ratio)."""
+        return cls(min(LADDER[1:], key=lambda size: abs(math.log(size / max(nodes, 0.5)))))
+
+    def best_tree(self) -> int:
+        """The size of the highest measured rate that drafts (the best, unless that is draft-free)."""
+        rated = {s: r for s in LADDER[1:] if (r := self.rate(s)) is not None}
+        return max(rated, key=rated.get) if rated else LADDER[1]
 
     def rate(self, size: int) -> float | None:
         seconds = self.seconds.get(size, 0.0)
@@ -155,12 +165,16 @@ class HeldSizes:
         if self.ladder is None and sum(self.shapes.values()) >= PRICED_START:
             self.ladder = SizeLadder.near(statistics.median(self.priced))
 
-    def next(self) -> HeldSize | None:
-        """The next held step's budget, or None while the ladder has not started (the step is priced)."""
+    def next(self, draft: bool = False) -> HeldSize | None:
+        """The next held step's budget (``max_nodes`` 0: a draft-free step, unless ``draft``: a probe must draft),
+        or None while the ladder has not started (the step is priced)."""
         if self.ladder is None:
             return None
-        return HeldSize(self.ladder.next(), self.shapes.most_common(1)[0][0])
+        size = self.ladder.next()
+        return HeldSize(size or (self.ladder.best_tree() if draft else 0), self.shapes.most_common(1)[0][0])
 
     def observe(self, size: int, tokens: int, seconds: float) -> None:
-        """A held step of ``size`` nodes committed ``tokens`` in ``seconds`` (its whole wall time)."""
-        self.ladder.observe(size, tokens, seconds)
+        """A held step of ``size`` nodes (0: draft-free) committed ``tokens`` in ``seconds`` (its whole wall time);
+        nothing before the ladder started."""
+        if self.ladder is not None:
+            self.ladder.observe(size, tokens, seconds)

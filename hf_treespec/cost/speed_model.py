@@ -458,6 +458,8 @@ class SpeedModel:
                 if rated and not transition:
                     self.plain.add(tokens, total)
                     self._since_free = 0
+                    if held_size is None:  # a control's or a switched-off step: the ladder's draft-free rung too
+                        self.held.observe(0, tokens, total)
                 self._control_left = max(self._control_left - 1, 0)
             return
         self._since_draft, self._free_seconds = 0, 0.0

@@ -60,14 +60,14 @@ class TreeSizing:
 
     def may_draft(self, context_length: int) -> bool:
         """Whether a step at ``context_length`` drafts: in "size" mode, a held size (`HeldSizes`: the ladder of
-        measured sizes) once the first priced steps chose where it starts; before that, and in a probe, whether some
+        measured sizes, draft-free steps its size 0) once the first priced steps chose where it starts; before that, and in a probe, whether some
         tree could beat a draft-free step (`TreeSizer.could_pay`, then priced per expansion). False: the step is a
         plain one and no policy runs."""
         mode = self.speed.step_mode(context_length)
         # a probe asks whether drafting pays again: at the best measured size, once the ladder has one
-        self._held = self.speed.held.next() if mode in ("size", "probe") else None
+        self._held = self.speed.held.next(draft=mode == "probe") if mode in ("size", "probe") else None
         if self._held is not None:
-            return True
+            return self._held.max_nodes > 0  # the ladder's size 0: a draft-free step
         if mode in ("skip", "control"):  # no tree runs: pricing one (a TreeSizer) cost a tenth of a tiny step
             self._step = None
             return False
