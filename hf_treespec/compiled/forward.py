@@ -15,8 +15,9 @@ and runs a one-row step about twice as fast as eager. What this module does:
 - falls back to the eager forward, with one warning that says why, when compilation fails (no C++ compiler, an op or
   architecture inductor cannot compile): never a crash and never another token than eager decoding would give;
 - picks the graph of a step in Python (one package or compiled function per graph, each its own code object) and,
-  once a ``torch.compile`` graph has compiled, calls it without evaluating dynamo's guards (``skip_guard_eval_unsafe``, which checks only the guards
-  that tell a function's graphs apart: with one graph per function, none). The full guard set covers every
+  once a ``torch.compile`` graph has compiled, calls it without evaluating dynamo's guards
+  (``skip_guard_eval_unsafe``, which checks only the guards that tell a function's graphs apart: with one graph per
+  function, none). The full guard set covers every
   parameter and cache layer: its check took 1.39 ms of a one-row step, 0.42 ms remain (SmolLM2-135M bf16 at context
   200, 2-core EPYC, docs/results/compiled/guard-free-steps). The inputs that vary between steps are marked dynamic,
   so a function never needs a second graph (a slow test decodes 200 steps with the guards evaluated without one).

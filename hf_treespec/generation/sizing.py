@@ -59,10 +59,10 @@ class TreeSizing:
         return cls(speed)
 
     def may_draft(self, context_length: int) -> bool:
-        """Whether a step at ``context_length`` drafts: in "size" mode, a held size (`HeldSizes`: the ladder of
-        measured sizes, draft-free steps its size 0) once the first priced steps chose where it starts; before that, and in a probe, whether some
-        tree could beat a draft-free step (`TreeSizer.could_pay`, then priced per expansion). False: the step is a
-        plain one and no policy runs."""
+        """Whether a step at ``context_length`` drafts. Once the first priced steps chose where the ladder of
+        measured sizes starts (`HeldSizes`), "size" and "probe" steps hold its size (size 0: a draft-free step; a
+        probe always drafts); before that, whether some tree could beat a draft-free step (`TreeSizer.could_pay`,
+        then priced per expansion). False: the step is a plain one and no policy runs."""
         mode = self.speed.step_mode(context_length)
         # a probe asks whether drafting pays again: at the best measured size, once the ladder has one
         self._held = self.speed.held.next(draft=mode == "probe") if mode in ("size", "probe") else None
