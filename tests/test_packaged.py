@@ -176,3 +176,28 @@ def test_the_bench_counts_the_steps_packages_run():
     compiled = next(iter(model._treespec_compiled_forwards.values()))
     assert compiled._packages and compiled.packaged_calls >= 9
     assert counts[0] == counts[1] == 10
+
+
+def test_without_a_compiler_decoding_is_eager_with_one_warning(monkeypatch, caplog):
+    """No C++ compiler: the package cannot be built, and ``torch.compile`` could not compile either, so the step runs
+    eagerly at once (one warning, not one for packaging and another for compiling)."""
+    from hf_treespec.compiled import forward
+
+    def fail(*args):
+        raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found")
+
+    monkeypatch.setattr(packaged, "_build", fail)
+    monkeypatch.setattr(forward, "has_compiler", lambda: False)
+    model = hf_treespec.enable(tiny_llama(seed=2))
+    compiled = CompiledForward(model, CompileSettings.recommended())
+    ids, positions, mask, cache = _step(model)
+    with caplog.at_level(logging.WARNING), torch.inference_mode():
+        out = compiled(ids, positions, mask, cache)
+        expected = model(input_ids=ids, position_ids=positions, attention_mask=mask,
+                         **{CACHE_KWARG: _step(model)[3]}).logits
+    assert compiled.failure == "RuntimeError: InvalidCxxCompiler: No working C++ compiler found"
+    assert compiled.package_failure is None and not compiled._graphs
+    assert [r.getMessage() for r in caplog.records if "failed" in r.getMessage()] == [
+        f"hf_treespec: compiling the target's forward failed ({compiled.failure}); decoding with its eager forward "
+        "instead (same tokens as eager decoding)."]
+    torch.testing.assert_close(out, expected)

@@ -41,6 +41,7 @@ from ..attention import additive_mask, causal_row_mask, prompt_visibility
 from ..compat import CACHE_KWARG
 from ..features import CapturedStates, decoder_layers
 from .attention import use_lean_attention
+from .cpp_ops import has_compiler
 from .failures import failure_reason
 from .few_rows_linear import MOST_ROWS, FewRowsLinears
 from .packaged import PackagedGraph, packaged_graph
@@ -327,6 +328,9 @@ class CompiledForward:
             try:
                 package, built = packaged_graph(self, name, input_ids, position_ids, mask, cache, extra)
             except Exception as error:  # an export or AOT compile failure: torch.compile may still compile it
+                if not has_compiler():  # it could not either: decode eagerly, with one warning
+                    self._give_up(error)
+                    return None
                 self.package_failure = failure_reason(error)
                 logger.warning("hf_treespec: packaging the %s's forward failed (%s); compiling it in this process "
                                "instead (in every process).", self.role, self.package_failure)
@@ -352,6 +356,8 @@ class CompiledForward:
             out = self._packaged_call(name, input_ids, position_ids, mask, cache, extra)
             if out is not None:
                 return out
+            if self.failure is not None:
+                return self._eager_step(input_ids, position_ids, mask, cache, extra)
             self.compile_seconds.clear()  # compiled afresh from here on
         # dynamo's marks (a package's dimensions were fixed when it was exported)
         _mark_varying(input_ids, position_ids, mask, cache.layers[0].slots.index, extra)
@@ -374,17 +380,24 @@ class CompiledForward:
             with self.settings.config_context(), self._routing(name):
                 out = compiled(input_ids, position_ids, mask, cache, **extra)
         except Exception as error:  # any compiler failure: decode eagerly instead
-            self.failure = failure_reason(error)
-            logger.warning("hf_treespec: compiling the %s's forward failed (%s); decoding with its eager forward "
-                           "instead (same tokens as eager decoding).", self.role, self.failure)
-            first = cache.layers[0]
-            first.slots.index = None
-            return self._forward(input_ids, position_ids, mask[..., : first.keys.shape[-2] + input_ids.shape[1]],
-                                 cache, **extra)
+            self._give_up(error)
+            return self._eager_step(input_ids, position_ids, mask, cache, extra)
         self.compile_seconds[name] = time.perf_counter() - start
         logger.warning("hf_treespec: compiled the %s's forward (%s) in %.0f s.", self.role, name,
                        self.compile_seconds[name])
         return out
+
+    def _give_up(self, error: Exception) -> None:
+        self.failure = failure_reason(error)
+        logger.warning("hf_treespec: compiling the %s's forward failed (%s); decoding with its eager forward "
+                       "instead (same tokens as eager decoding).", self.role, self.failure)
+
+    def _eager_step(self, input_ids, position_ids, mask, cache, extra: dict):
+        """The step a failed compile hands to the eager forward: written after the used rows, on its own mask."""
+        first = cache.layers[0]
+        first.slots.index = None
+        return self._forward(input_ids, position_ids, mask[..., : first.keys.shape[-2] + input_ids.shape[1]], cache,
+                             **extra)
 
     def clear(self) -> None:
         """Empties the capture slots before a forward: the graph's guards see them (a slot still holding the last
