@@ -822,12 +822,25 @@ def test_draft_free_steps_are_the_ladders_size_0():
         sizes.append(size)
         ladder.observe(size, *step(size))
     tail = sizes[-EXPLORE_EVERY * 4:]
-    assert ladder.best == 0 and set(tail) == {0, 1} and tail.count(0) == len(tail) - 4
+    assert ladder.best == 0 and 1 in tail and set(tail) <= {0, 1, 2} and tail.count(0) >= len(tail) - 4
     held = HeldSizes(ladder=ladder)
     held.shapes[None] += 1
-    assert {held.next().max_nodes for _ in range(EXPLORE_EVERY - 1)} == {0}
+    while ladder.steps % EXPLORE_EVERY != 1:  # to the first of the held steps between two tries
+        held.next()
+    assert {held.next().max_nodes for _ in range(EXPLORE_EVERY - 3)} == {0}
     assert held.next(draft=True).max_nodes == ladder.best_tree() == 1
     assert SizeLadder.near(0.1).best == 1  # a ladder starts at a tree size
+
+
+def test_from_size_0_the_ladder_still_climbs_to_a_tree_size_that_pays():
+    # greedy: one node loses to draft-free steps, but 2 and 4 nodes beat them (4 best): from 0 the ladder tries the
+    # best tree size measured and double it, so it does not stay draft-free
+    rates = {0: 50.0, 1: 45.0, 2: 52.0, 4: 60.0, 8: 55.0, 16: 40.0, 32: 30.0}
+    ladder = SizeLadder.near(1)
+    for _ in range(400):
+        size = ladder.next()
+        ladder.observe(size, rates[size] / 100, 0.01)
+    assert ladder.best == 4
 
 
 def test_the_ladder_tries_a_clearly_worse_neighbour_rarely_and_still_finds_it_when_it_gets_better():

@@ -1,7 +1,8 @@
 """Compile once per machine (`hf_treespec.compiled.packaged`): a graph's package is built once, loaded by later
 processes, keyed by what it depends on, rebuilt when its file is corrupt, and a failed export falls back to
-``torch.compile`` with one warning. Greedy identity through packaged graphs is in test_compiled (its ``inductor``
-tests run the recommended settings, which package)."""
+``torch.compile`` with one warning, and without a compiler decoding is eager with one warning; every policy's
+greedy rows through packaged graphs equal plain decoding through them (fp32, batch 1 and 4; test_compiled's
+``inductor`` tests run the recommended settings, which package, too)."""
 
 from __future__ import annotations
 
@@ -14,15 +15,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_llama
-from transformers import DynamicCache
+from conftest import VOCAB, assert_drafted, confident_classifier, fixed_budget, perturbed_copy, tiny_llama
+from transformers import CompileConfig, DynamicCache
 
 import hf_treespec
 from hf_treespec.attention import causal_row_mask
 from hf_treespec.compat import CACHE_KWARG
-from hf_treespec.compiled import CompiledForward, CompileSettings, preallocate
+from hf_treespec.compiled import CompiledForward, CompileSettings, preallocate, release
 from hf_treespec.compiled import packaged
 from hf_treespec.compiled.disk_cache import PROVENANCE_FILE, artifact_folder
+from hf_treespec.generation.plain import plain_generate
 
 TESTS = Path(__file__).parent
 
@@ -129,7 +131,7 @@ def test_a_second_process_loads_the_packages_and_is_ready_in_under_30_s(tmp_path
         start = time.perf_counter()
         sys.path.insert(0, sys.argv[1])
         import torch
-        from conftest import tiny_llama
+        from conftest import VOCAB, assert_drafted, confident_classifier, fixed_budget, perturbed_copy, tiny_llama
         from transformers import CompileConfig
         import hf_treespec
         from hf_treespec.generation.plain import plain_generate
@@ -159,8 +161,6 @@ def test_a_second_process_loads_the_packages_and_is_ready_in_under_30_s(tmp_path
 def test_the_bench_counts_the_steps_packages_run():
     """Packaged steps never call the module: the bench's counter adds them, so a compiled row's tau is measured."""
     from hf_treespec.benchmark.runner import ForwardCounter
-    from hf_treespec.generation.plain import plain_generate
-    from transformers import CompileConfig
 
     model = hf_treespec.enable(tiny_llama(seed=6))
     ids = torch.randint(0, 64, (1, 7), generator=torch.Generator().manual_seed(0))
@@ -201,3 +201,34 @@ def test_without_a_compiler_decoding_is_eager_with_one_warning(monkeypatch, capl
         f"hf_treespec: compiling the target's forward failed ({compiled.failure}); decoding with its eager forward "
         "instead (same tokens as eager decoding)."]
     torch.testing.assert_close(out, expected)
+
+
+@pytest.fixture(scope="module")
+def packaged_pair():
+    """A tiny fp32 target whose compiled steps run through packages (built once in the session's cache)."""
+    model = hf_treespec.enable(tiny_llama(seed=8))
+    yield model, perturbed_copy(model)
+    release(model)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("policy", [p for p in hf_treespec.list_policies() if p != "nde"])
+def test_every_policy_through_packages_equals_plain_decoding_through_them(packaged_pair, policy, batch):
+    """fp32, batch 1 and a left-padded batch of 4: every policy's greedy rows (``nde`` needs its trained selector)
+    equal plain decoding through the same packaged graphs, and those equal eager ``generate``."""
+    model, drafter = packaged_pair
+    lengths = (9, 6, 11, 4)[:batch]
+    width = max(lengths)
+    ids = torch.randint(1, VOCAB, (batch, width), generator=torch.Generator().manual_seed(batch))
+    mask = (torch.arange(width)[None] >= width - torch.tensor(lengths)[:, None]).long()
+    common = dict(input_ids=ids * mask, attention_mask=mask, max_new_tokens=24, do_sample=False, pad_token_id=0)
+    plain = model.generate(custom_generate=plain_generate, compile_config=CompileConfig(), **common)
+    extra = {"c2t_classifier": confident_classifier()} if policy == "c2t" else {}
+    out = model.generate(assistant_model=drafter, compile_config=CompileConfig(), return_dict_in_generate=True,
+                         tree_policy=policy, **fixed_budget(policy), **extra, **common)
+    assert_drafted(out)
+    compiled = next(iter(model._treespec_compiled_forwards.values()))
+    assert compiled._packages and compiled.package_failure is None and compiled.failure is None
+    assert torch.equal(out.sequences, plain)
+    assert torch.equal(plain, model.generate(**common))

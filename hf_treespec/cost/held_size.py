@@ -113,21 +113,31 @@ class SizeLadder:
         return self.tokens[size] / seconds if seconds > 0 else None
 
     def next(self) -> int:
-        """The size the next held step grows: the best, or every `EXPLORE_EVERY` steps a neighbour of it (one
-        measured `CLEARLY_WORSE` than the best only every `RARE_EXPLORE`-th time its turn comes)."""
+        """The size the next held step grows: the best, or every `EXPLORE_EVERY` steps a neighbour of it
+        (`_neighbour`; one measured `CLEARLY_WORSE` than the best only every `RARE_EXPLORE`-th time its turn
+        comes)."""
         self.steps += 1
         if self.steps % EXPLORE_EVERY:
             return self.best
-        i = LADDER.index(self.best)
         self._down = not self._down
-        j = i - 1 if (self._down and i > 0) or i == len(LADDER) - 1 else i + 1
-        size = LADDER[j]
+        size = self._neighbour()
         if self._clearly_worse(size):
             self._turns[size] = self._turns.get(size, 0) + 1
             if self._turns[size] % RARE_EXPLORE:
                 return self.best
             self._weight[size] = RARE_EXPLORE
         return size
+
+    def _neighbour(self) -> int:
+        """Half or double the best size (alternately); from size 0 (draft-free), the best tree size measured or
+        double it, so a tree size that pays is still found when the smallest ones do not (from 0, trying only one
+        node kept the ladder there on greedy prompts where 4 nodes ran 1.12x faster)."""
+        if self.best == 0:
+            tree = self.best_tree()
+            i = LADDER.index(tree)
+            return tree if self._down or i == len(LADDER) - 1 else LADDER[i + 1]
+        i = LADDER.index(self.best)
+        return LADDER[i - 1 if (self._down and i > 0) or i == len(LADDER) - 1 else i + 1]
 
     def _clearly_worse(self, size: int) -> bool:
         rate, best = self.rate(size), self.rate(self.best)
