@@ -26,3 +26,9 @@ run b4-greedy --num-questions 8 --batch-size 4 --methods \
   "plain,plain$C,tree:salf$C,tree:salf$C@tree_budget=1,tree:salf$C@tree_budget=2,tree:salf$C@tree_budget=4"
 run b4-t1 --num-questions 8 --batch-size 4 --temperature 1.0 --methods \
   "plain$C,tree:salf$C,tree:salf$C@tree_budget=2,tree:dyspec$C@tree_budget=4"
+# 3. after the ladder's fix (from size 0 it tries the best tree size measured and double it, commit 36eaf734; the
+#    parts above ran at 861ce84b, where from 0 it tried one node only): batch 1 again
+run b1-greedy-climb --num-questions 6 --methods \
+  "plain,openvino,plain$C,tree:salf$C,tree:salf$C@tree_budget=4"
+run b1-t1-climb --num-questions 6 --temperature 1.0 --methods \
+  "plain$C,tree:salf$C,tree:salf$C@tree_budget=4,tree:dyspec$C@tree_budget=4"
