@@ -20,16 +20,13 @@ import os
 import platform
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
 from .disk_cache import cached_artifact, discard, model_key
 from .preallocated import PreallocatedLayer, WriteSlots
-
-if TYPE_CHECKING:
-    from .forward import CompiledForward
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +45,7 @@ def _source_digest() -> str:
     return digest.hexdigest()[:16]
 
 
-def package_key(compiled: "CompiledForward", graph: str) -> dict:
+def package_key(compiled, graph: str) -> dict:
     """What the package of ``compiled``'s graph ``graph`` is valid for."""
     from ..cost.hardware import cpu_info
 
@@ -81,7 +78,7 @@ def buffers_as_cache(config, slots: torch.Tensor, keys: list[torch.Tensor], valu
 class _ExportedStep(nn.Module):
     """One step of a `CompiledForward` over its cache given as buffers: ``(output, captured layer outputs)``."""
 
-    def __init__(self, compiled: "CompiledForward"):
+    def __init__(self, compiled):
         super().__init__()
         self.model = compiled.model
         self._compiled = (compiled,)  # not a submodule: its model is the one above
@@ -120,8 +117,10 @@ def _dynamic_shapes(inputs: tuple) -> tuple:
 def _detached(inputs: tuple) -> tuple:
     """Copies of a step's inputs outside inference mode (export traces ordinary tensors), so the real cache is not
     written by the trace."""
+    input_ids, position_ids, mask, slots, keys, values, extra = inputs
     with torch.inference_mode(False):
-        return torch.utils._pytree.tree_map(lambda tensor: tensor.clone(), inputs)
+        return (input_ids.clone(), position_ids.clone(), mask.clone(), slots.clone(), [key.clone() for key in keys],
+                [value.clone() for value in values], {name: tensor.clone() for name, tensor in extra.items()})
 
 
 @dataclass(eq=False)
@@ -131,7 +130,7 @@ class PackagedGraph:
     runner: Any
     path: Path
 
-    def __call__(self, compiled: "CompiledForward", input_ids, position_ids, mask, cache, extra: dict):
+    def __call__(self, compiled, input_ids, position_ids, mask, cache, extra: dict):
         out, parts = self.runner(*_step_inputs(input_ids, position_ids, mask, cache, extra))
         compiled._parts[:] = parts
         return out
@@ -155,7 +154,7 @@ def _check_dynamic(exported, shapes: tuple) -> None:
                                "vary between steps")
 
 
-def _build(compiled: "CompiledForward", graph: str, inputs: tuple, folder: Path) -> None:
+def _build(compiled, graph: str, inputs: tuple, folder: Path) -> None:
     from torch.export import export
 
     shapes = _dynamic_shapes(inputs)
@@ -166,7 +165,7 @@ def _build(compiled: "CompiledForward", graph: str, inputs: tuple, folder: Path)
                                              inductor_configs=dict(compiled.settings.options))
 
 
-def packaged_graph(compiled: "CompiledForward", graph: str, input_ids, position_ids, mask, cache, extra: dict
+def packaged_graph(compiled, graph: str, input_ids, position_ids, mask, cache, extra: dict
                    ) -> tuple[PackagedGraph, float | None]:
     """The package of ``compiled``'s graph ``graph``, loaded from this machine's cache, or built there first (traced
     on this step's inputs; the seconds the build took, else None). A package that does not load is built again."""
@@ -178,14 +177,14 @@ def packaged_graph(compiled: "CompiledForward", graph: str, input_ids, position_
                        "(%s): minutes on a small CPU; later processes load it in seconds.", compiled.role, graph,
                        compiled.settings.describe(), folder)
 
-    for attempt in range(2):
-        folder, seconds = cached_artifact(KIND, key, lambda out: _build(compiled, graph, inputs, out), announce)
-        try:
-            runner = torch._inductor.aoti_load_package(str(folder / PACKAGE_FILE))
-        except Exception as error:  # a truncated or foreign file: build it again, once
-            if attempt:
-                raise
-            discard(folder, logger, f"{type(error).__name__}: {error}")
-            continue
-        return PackagedGraph(runner, folder / PACKAGE_FILE), seconds
-    raise AssertionError("unreachable")
+    def build(out: Path) -> None:
+        _build(compiled, graph, inputs, out)
+
+    folder, seconds = cached_artifact(KIND, key, build, announce)
+    try:
+        runner = torch._inductor.aoti_load_package(str(folder / PACKAGE_FILE))
+    except Exception as error:  # a truncated or foreign file: build it again, once
+        discard(folder, logger, f"{type(error).__name__}: {error}")
+        folder, seconds = cached_artifact(KIND, key, build, announce)
+        runner = torch._inductor.aoti_load_package(str(folder / PACKAGE_FILE))
+    return PackagedGraph(runner, folder / PACKAGE_FILE), seconds
