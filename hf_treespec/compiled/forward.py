@@ -44,7 +44,7 @@ from .attention import use_lean_attention
 from .cpp_ops import has_compiler
 from .failures import failure_reason
 from .few_rows_linear import MOST_ROWS, FewRowsLinears
-from .packaged import PackagedGraph, packaged_graph
+from .packaged import PackagedGraph, packaged_graph, varying_dims
 from .preallocated import reserve, start_empty
 
 logger = logging.getLogger(__name__)
@@ -146,15 +146,14 @@ def settings_from_generation_config(generation_config, device: torch.device | st
 
 
 def _mark_varying(input_ids, position_ids, mask, slots, extra: dict) -> None:
-    """Marks the dimensions of a step's inputs that vary between steps (batch, rows, the cache's capacity) as
-    dynamic, and only those: a symbolic head count or head size would cost the kernels their fixed shapes. Extra
-    inputs (a drafter's features) are ``[batch, rows, ...]``."""
-    marks = [(input_ids, (0, 1)), (position_ids, (0, 1)), (mask, (0, 2, 3)), (slots, (0,))]
-    marks += [(tensor, (0, 1)) for tensor in extra.values()]
-    for tensor, dims in marks:
+    """Marks the dimensions of a step's inputs that vary between steps as dynamic, and only those (`varying_dims`;
+    the KV buffers are marked when they are allocated, `PreallocatedLayer`)."""
+    inputs = (input_ids, position_ids, mask, slots, [], [], extra)
+    tensors = [input_ids, position_ids, mask, slots, *extra.values()]
+    ids, positions, rows_mask, slot_dims, _, _, extra_dims = varying_dims(inputs)
+    for tensor, dims in zip(tensors, [ids, positions, rows_mask, slot_dims, *extra_dims.values()]):
         for dim in dims:
-            if tensor.shape[dim] > 1:
-                torch._dynamo.maybe_mark_dynamic(tensor, dim)
+            torch._dynamo.maybe_mark_dynamic(tensor, dim)
 
 
 def _with_own_code(method):
@@ -434,7 +433,7 @@ class CompiledForward:
         missing = [count for count in rows if self.graph_name(batch, count) not in self.compile_seconds]
         if missing and self.failure is None:
             logger.warning("hf_treespec: %s %d graph(s) of the %s's forward before decoding (%s).",
-                           "preparing" if self.settings.packaged else "compiling", len(missing), self.role,
+                           "preparing" if self._packaging() else "compiling", len(missing), self.role,
                            ", ".join(self.graph_name(batch, count) for count in missing))
         for count in missing:
             if self.failure is not None:

@@ -99,19 +99,39 @@ def _step_inputs(input_ids, position_ids, mask, cache, extra: dict) -> tuple:
             [layer.value_buffer for layer in layers], extra)
 
 
-def _dynamic_shapes(inputs: tuple) -> tuple:
-    """The varying dimensions of a step's inputs, as `forward._mark_varying` marks them for ``torch.compile``: batch
-    and rows (sizes of 1 stay static, as torch specialises them), the mask's and the buffers' lengths."""
-    from torch.export import Dim
+#: the dimensions of a step's inputs that vary between steps: batch and rows of its tokens and positions (and of an
+#: extra input ``[batch, rows, ...]``: a drafter's features), batch, rows and length of its 4D mask, the slots it
+#: writes, batch and capacity of the KV buffers; a symbolic head count or head size would cost the kernels their
+#: fixed shapes
+TOKEN_DIMS, MASK_DIMS, SLOT_DIMS, BUFFER_DIMS = (0, 1), (0, 2, 3), (0,), (0, 2)
 
+
+def varying_dims(inputs: tuple) -> tuple:
+    """Per input of a step (`_step_inputs`' structure), the dimensions that vary between steps, sizes of 1 left out
+    (torch specialises them). ``torch.compile``'s marks (`forward._mark_varying`) and export's dynamic shapes both
+    come from here."""
     input_ids, position_ids, mask, slots, keys, values, extra = inputs
 
-    def varying(tensor: torch.Tensor, dims: tuple[int, ...]) -> dict:
-        return {dim: Dim.AUTO for dim in dims if tensor.shape[dim] > 1}
+    def varying(tensor: torch.Tensor, dims: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(dim for dim in dims if tensor.shape[dim] > 1)
 
-    buffers = [varying(buffer, (0, 2)) for buffer in keys]
-    return (varying(input_ids, (0, 1)), varying(position_ids, (0, 1)), varying(mask, (0, 2, 3)),
-            varying(slots, (0,)), buffers, buffers, {name: varying(tensor, (0, 1)) for name, tensor in extra.items()})
+    return (varying(input_ids, TOKEN_DIMS), varying(position_ids, TOKEN_DIMS), varying(mask, MASK_DIMS),
+            varying(slots, SLOT_DIMS), [varying(key, BUFFER_DIMS) for key in keys],
+            [varying(value, BUFFER_DIMS) for value in values],
+            {name: varying(tensor, TOKEN_DIMS) for name, tensor in extra.items()})
+
+
+def _dynamic_shapes(inputs: tuple) -> tuple:
+    """The step's `varying_dims` as export's dynamic shapes."""
+    from torch.export import Dim
+
+    input_ids, position_ids, mask, slots, keys, values, extra = varying_dims(inputs)
+
+    def auto(dims: tuple[int, ...]) -> dict:
+        return {dim: Dim.AUTO for dim in dims}
+
+    return (auto(input_ids), auto(position_ids), auto(mask), auto(slots), [auto(dims) for dims in keys],
+            [auto(dims) for dims in values], {name: auto(dims) for name, dims in extra.items()})
 
 
 def _detached(inputs: tuple) -> tuple:

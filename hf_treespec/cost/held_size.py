@@ -105,8 +105,12 @@ class SizeLadder:
 
     def best_tree(self) -> int:
         """The size of the highest measured rate that drafts (the best, unless that is draft-free)."""
-        rated = {s: r for s in LADDER[1:] if (r := self.rate(s)) is not None}
-        return max(rated, key=rated.get) if rated else LADDER[1]
+        return self._fastest(LADDER[1:]) or LADDER[1]
+
+    def _fastest(self, sizes: tuple[int, ...]) -> int | None:
+        """The size of ``sizes`` with the highest measured rate (None: none measured)."""
+        rated = {size: rate for size in sizes if (rate := self.rate(size)) is not None}
+        return max(rated, key=rated.get) if rated else None
 
     def rate(self, size: int) -> float | None:
         seconds = self.seconds.get(size, 0.0)
@@ -151,8 +155,7 @@ class SizeLadder:
         decay = LADDER_DECAY**weight
         self.tokens[size] = decay * self.tokens.get(size, 0.0) + weight * tokens
         self.seconds[size] = decay * self.seconds.get(size, 0.0) + weight * seconds
-        rated = {s: r for s in LADDER if (r := self.rate(s)) is not None}
-        self.best = max(rated, key=rated.get)
+        self.best = self._fastest(LADDER)
 
 
 #: drafting steps priced by the cost rule before the ladder takes over (probes too are priced until then)
