@@ -295,6 +295,36 @@ def test_feature_drafter_compiled_with_the_target(traced, input_mode):
     release(drafter)
 
 
+def test_a_batch_drafts_through_the_compiled_drafter(traced, monkeypatch):
+    """A left-padded batch's stacked draft rounds run through the feature drafter's compiled batch graphs (warmed up
+    for the batch), and the rows still equal compiled plain decoding."""
+    from test_feature_drafter import make_drafter
+
+    from hf_treespec.compiled import CompiledDrafterForward
+
+    model, _ = traced
+    drafter = make_drafter(model, draft_vocab_size=64)
+    rows = []
+    call = CompiledDrafterForward.__call__
+    monkeypatch.setattr(CompiledDrafterForward, "__call__",
+                        lambda self, ids, *args, **kwargs: rows.append(ids.shape[0]) or call(self, ids, *args, **kwargs))
+    ids = torch.randint(1, 64, (3, 9), generator=torch.Generator().manual_seed(7))
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0
+    common = dict(attention_mask=mask, max_new_tokens=20, do_sample=False, pad_token_id=0, compile_config=TRACE_ONLY)
+    plain = model.generate(ids, custom_generate=plain_generate, **common)
+    out = model.generate(ids, assistant_model=drafter, tree_policy="salf", tree_budget=4,
+                         return_dict_in_generate=True, **common)
+    assert_drafted(out, accepting=False)
+    assert torch.equal(out.sequences, plain)
+    compiled = compiled_forward_for(drafter, CompileSettings.from_compile_config(TRACE_ONLY), CompiledDrafterForward)
+    assert compiled.failure is None
+    assert set(compiled.compile_seconds) == {"batch of 1, one row", "batch of 1, several rows", "batch, one row",
+                                             "batch, several rows"}
+    assert 3 in rows  # the three rows' rounds, stacked, through the compiled forward
+    release(drafter)
+
+
 def test_a_step_dynamo_runs_eagerly_is_still_exact():
     """Past dynamo's recompile limit a compiled step runs eagerly inside the compiled call: the cache still writes at
     the step's slots and the padded mask still fits, so the tokens stay those of plain decoding."""

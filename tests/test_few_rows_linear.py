@@ -61,9 +61,9 @@ def graph_ops(model, *inputs) -> set[str]:
 
 
 def test_routes_a_models_linears_in_compiled_graphs_only(op):
-    """Hooked, a bf16 model's traced graph of several rows calls the op for every linear (a one-row graph and a
-    batch's keep their own); its eager forward is untouched (the same logits bit for bit); released, the graph is the model's own
-    again."""
+    """Hooked, a bf16 model's graph traced while routing calls the op for every linear (a batch's graph too); a graph
+    traced without routing keeps its own, and so does a 2D input's; the eager forward is untouched (the same logits
+    bit for bit); released, the graph is the model's own again."""
     model = tiny_llama(seed=4).to(torch.bfloat16)
     ids = torch.randint(0, 64, (1, 5), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
@@ -71,13 +71,19 @@ def test_routes_a_models_linears_in_compiled_graphs_only(op):
         routed = FewRowsLinears.attach(model)
         assert routed is not None and len(routed.handles) == 4 * 7 + 1  # q k v o gate up down per layer, the head
         assert torch.equal(model(ids).logits, before)
-        assert "hf_treespec.few_rows_linear" in graph_ops(model, ids)
-        assert "hf_treespec.few_rows_linear" not in graph_ops(model, ids[:, :1])  # a one-row graph keeps its own
-        assert "hf_treespec.few_rows_linear" not in graph_ops(model, ids.repeat(2, 1))  # and a batch's graph
-        compiled = torch.compile(model, backend="eager")(ids).logits
-        torch.testing.assert_close(compiled.float(), before.float(), atol=0.1, rtol=0.05)
+        assert "hf_treespec.few_rows_linear" not in graph_ops(model, ids)  # routing is off unless a compile asks
+        with routed.routing(True):
+            assert torch.equal(model(ids).logits, before)
+            assert "hf_treespec.few_rows_linear" in graph_ops(model, ids)
+            assert "hf_treespec.few_rows_linear" in graph_ops(model, ids.repeat(2, 1))  # a batch's graph too
+            compiled = torch.compile(model, backend="eager")(ids).logits
+            torch.testing.assert_close(compiled.float(), before.float(), atol=0.1, rtol=0.05)
+            lm_head = model.lm_head
+            hidden = torch.randn(3, lm_head.in_features, dtype=torch.bfloat16)
+            assert "hf_treespec.few_rows_linear" not in graph_ops(lm_head, hidden)  # a 2D input keeps its linear
         routed.release()
-        assert "hf_treespec.few_rows_linear" not in graph_ops(model, ids)
+        with routed.routing(True):
+            assert "hf_treespec.few_rows_linear" not in graph_ops(model, ids)
     torch._dynamo.reset()
 
 
@@ -130,4 +136,24 @@ def test_an_inductor_step_of_several_rows_runs_it(op):
             compiled.prefill(prompt, torch.arange(prompt.shape[1])[None], None, cache, ())
     assert "batch of 1, several rows" in compiled.compile_seconds
     assert "hf_treespec::few_rows_linear" not in {event.key for event in profile.key_averages()}
+    compiled.release()
+
+
+def test_steps_of_few_rows_in_all_have_the_routed_graphs(op):
+    """With the op routed, every step of 2 to MOST_ROWS rows in all has a routed graph, batch or not (a batch's
+    one-row steps and tree steps too); a batch of one's one-row step and steps of more rows keep inductor's linears.
+    The warm-up compiles one count per graph."""
+    from hf_treespec.compiled import CompileSettings, CompiledForward
+
+    compiled = CompiledForward(tiny_llama(seed=4).to(torch.bfloat16), CompileSettings.recommended())
+    assert compiled.linears is not None
+    names = {shape: compiled.graph_name(*shape) for shape in
+             [(1, 1), (1, 2), (1, MOST_ROWS), (1, MOST_ROWS + 1), (4, 1), (4, 4), (4, 5), (MOST_ROWS + 1, 1)]}
+    assert names == {(1, 1): "batch of 1, one row", (1, 2): "batch of 1, few rows",
+                     (1, MOST_ROWS): "batch of 1, few rows", (1, MOST_ROWS + 1): "batch of 1, several rows",
+                     (4, 1): "batch, one row, few rows", (4, 4): "batch, few rows", (4, 5): "batch, several rows",
+                     (MOST_ROWS + 1, 1): "batch, one row"}
+    assert [compiled.graph_name(4, rows) for rows in compiled.warm_up_rows(4)] == [
+        "batch, one row, few rows", "batch, several rows", "batch, few rows"]
+    assert compiled.warm_up_rows(1) == (1, 8, MOST_ROWS + 8)
     compiled.release()

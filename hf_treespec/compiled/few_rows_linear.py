@@ -12,7 +12,8 @@ eager ``F.linear``, and steps of 2-8 rows ran 1.08-1.43x faster (docs/results/co
 The sums are fp32 and rounded to bf16 once, as oneDNN's are (the order of the sums differs). Only on CPUs with
 ``avx512_bf16`` (and not under an ATen ISA cap below avx512), for bf16 weights with an even input size.
 
-`FewRowsLinears` routes a model's linears to it inside compiled graphs of several rows of one sequence (`serves`):
+`FewRowsLinears` routes a model's linears to it inside the compiled graphs of steps of few rows in all (a batch of one's
+tree steps, a batch's one-row and tree steps; `CompiledForward.graph_name` names them):
 forward hooks that return the op's output while torch.compile traces (``torch.compiler.is_compiling``), so the
 graph's own linear is dead code and eager forwards are untouched.
 """
@@ -191,18 +192,15 @@ def _register_fake() -> None:
 
 
 def serves(x: torch.Tensor) -> bool:
-    """Whether the graph being traced for an input ``x`` ``[batch, rows, K]`` is one the op serves: a batch of one
-    (fixed at 1 while tracing) of several rows. A one-row graph keeps inductor's own linears, which stream the
-    weights faster for one row than the op (a first version routed them too: its one-row step was slower), and a
-    batch's graph keeps them too: its rows (batch x tree rows) pass `MOST_ROWS`, where the op hands over to
-    ``at::linear`` without inductor's prepacked weights."""
-    static = [isinstance(size, int) for size in x.shape[:-1]]
-    return x.dim() == 3 and static[0] and x.shape[0] == 1 and not (static[1] and x.shape[1] == 1)
+    """Whether the op serves an input ``x`` ``[batch, rows, K]`` of the graph being traced (`FewRowsLinears.routing`
+    chose the graphs: those whose steps have `MOST_ROWS` rows or fewer in all, but a batch of one's one-row step,
+    whose graph keeps inductor's own linears: they stream the weights faster for one row than the op, measured when
+    a first version routed them too). A 2D input (none in a decoder's steps) keeps the graph's linear."""
+    return x.dim() == 3
 
 
 def _routed(op, packed: torch.Tensor, routing: "FewRowsLinears", module: nn.Linear, args, output):
-    """A forward hook: inside a graph being compiled for several rows of one sequence, while `routing` routes, the
-    op's output."""
+    """A forward hook: inside a graph being compiled while `routing` routes, the op's output."""
     if not torch.compiler.is_compiling() or not routing.active or not serves(args[0]):
         return None
     return op(args[0], module.weight, packed, module.bias)
@@ -214,8 +212,8 @@ class FewRowsLinears:
 
     model: nn.Module
     handles: list = field(default_factory=list)
-    #: whether a graph traced now gets the op (`routing`); by default every graph of several rows of one sequence
-    active: bool = True
+    #: whether a graph traced now gets the op (`routing`, set around every compile by `CompiledForward`)
+    active: bool = False
 
     @contextmanager
     def routing(self, active: bool):

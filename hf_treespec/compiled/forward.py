@@ -230,21 +230,29 @@ class CompiledForward:
 
     def graph_name(self, batch: int, rows: int) -> str:
         """Which compiled graph a ``[batch, rows]`` step runs (torch specialises sizes of 1). With the few-rows
-        linear routed, a batch of one of 2 to `MOST_ROWS` rows (tree steps, a short prompt) has a graph of its own
-        whose linears run it; longer prompts keep inductor's prepacked linears (where the op would hand over to the
-        slower ``at::linear``: a 20-token compiled prefill 60 ms against 38, docs/results/compiled/few-rows-linear)."""
-        if rows == 1:
-            kind = "one row"
-        elif batch == 1 and self.linears is not None and rows <= MOST_ROWS:
-            kind = FEW_ROWS
-        else:
-            kind = "several rows"
+        linear routed, a step of 2 to `MOST_ROWS` rows in all (a batch of one's tree steps and short prompts; a
+        batch's one-row and tree steps) has a graph of its own whose linears run it; a batch of one's one-row step
+        keeps inductor's linears (they stream the weights faster for one row), and longer prompts keep inductor's
+        prepacked linears (where the op would hand over to the slower ``at::linear``: a 20-token compiled prefill 60
+        ms against 38, docs/results/compiled/few-rows-linear)."""
+        kind = "one row" if rows == 1 else "several rows"
+        if self.linears is not None and 1 < batch * rows <= MOST_ROWS:
+            kind = FEW_ROWS if rows > 1 else f"one row, {FEW_ROWS}"
         return f"{'batch of 1' if batch == 1 else 'batch'}, {kind}"
 
-    def warm_up_rows(self) -> tuple[int, ...]:
-        """The row counts whose graphs `warm_up` compiles: one row and several (and, with the few-rows linear
-        routed, a prompt's rows past it)."""
-        return (1, WARM_UP_ROWS) if self.linears is None else (1, WARM_UP_ROWS, MOST_ROWS + WARM_UP_ROWS)
+    def warm_up_rows(self, batch: int = 1) -> tuple[int, ...]:
+        """The row counts whose graphs `warm_up` compiles for ``batch``: one row and several (and, with the few-rows
+        linear routed, a count of few rows in all and a prompt's rows past them), one count per graph."""
+        extra = () if self.linears is None else (max(2, MOST_ROWS // batch), MOST_ROWS + WARM_UP_ROWS)
+        return self._one_per_graph(batch, (1, WARM_UP_ROWS, *extra))
+
+    def _one_per_graph(self, batch: int, counts: tuple[int, ...]) -> tuple[int, ...]:
+        """The first of ``counts`` for each graph they reach (inductor tunes a graph's kernels for the rows it
+        compiles with: `WARM_UP_ROWS` where that graph takes them)."""
+        first: dict[str, int] = {}
+        for count in counts:
+            first.setdefault(self.graph_name(batch, count), count)
+        return tuple(first.values())
 
     def __call__(self, input_ids, position_ids, attention_mask, cache, **extra):
         """One step over ``cache`` (`PreallocatedLayer` s, grown first if needed), with the step's 4D
@@ -423,7 +431,7 @@ class CompiledForward:
     def warm_up(self, batch: int = 1, rows: tuple[int, ...] | None = None) -> dict[str, float]:
         """Compiles the graphs a decoding loop will call (``rows``, default `warm_up_rows`) on a scratch cache, so
         the first ``generate`` call is not the one that pays; returns the seconds each compile took."""
-        rows = self.warm_up_rows() if rows is None else rows
+        rows = self.warm_up_rows(batch) if rows is None else rows
         from transformers import DynamicCache
 
         from .preallocated import preallocate
@@ -469,9 +477,10 @@ class CompiledDrafterForward(CompiledForward):
     def _scratch_prefill(self, prompt: torch.Tensor, cache) -> None:
         self.model(input_ids=prompt, use_cache=True, **self._scratch_extra(*prompt.shape), **{CACHE_KWARG: cache})
 
-    def warm_up_rows(self) -> tuple[int, ...]:
-        """One row and several: a drafter's prompt forward runs eagerly, so it needs no graph for long prompts."""
-        return (1, WARM_UP_ROWS)
+    def warm_up_rows(self, batch: int = 1) -> tuple[int, ...]:
+        """A drafter's prompt forward runs eagerly, so it needs no graph for long prompts: the rows of a step."""
+        extra = () if self.linears is None else (max(2, MOST_ROWS // batch),)
+        return self._one_per_graph(batch, (1, WARM_UP_ROWS, *extra))
 
     def _scratch_extra(self, batch: int, rows: int) -> dict:
         device = next(self.model.parameters()).device

@@ -89,9 +89,10 @@ class Drafter(ABC):
     #: whether `expand_rows` runs all rows in one forward (a batch's draft round then costs about one forward)
     batches_rows: bool = False
 
-    def use_compiled(self, settings) -> None:
+    def use_compiled(self, settings, batch: int = 1) -> None:
         """Called when the target's steps run compiled (``settings``: its `hf_treespec.compiled.CompileSettings`)
-        before `start`: an adapter whose forwards cost enough to matter compiles them too. Default: stays eager."""
+        before `start`, for a batch of ``batch`` rows: an adapter whose forwards cost enough to matter compiles them
+        too. Default: stays eager."""
 
     @abstractmethod
     def commit(self, tree: DraftTree, accepted: torch.Tensor, features: TargetFeatures | None = None) -> None:

@@ -98,7 +98,7 @@ class TreeDecodingLoop:
         # target's engine (docs/results/compiled/openvino-step)
         if compiled is not None and not getattr(compiled, "owns_cache", False):
             for row in self.rows:
-                row.drafter.use_compiled(compiled.settings)
+                row.drafter.use_compiled(compiled.settings, batch=self.batch)
         self.logits_processor, self.stopping_criteria, self.streamer = logits_processor, stopping_criteria, streamer
         self.pad_id = pad_token(generation_config)
         self.do_sample = generation_config.do_sample

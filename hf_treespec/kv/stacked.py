@@ -15,6 +15,7 @@ forward's fixed cost dominates, so a round costs about one row's forward.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from transformers import DynamicCache
@@ -55,8 +56,11 @@ class StackedInputs:
         return int(self.ids.shape[1])
 
 
-def stack_rows(requests: list[RowRequest], dtype: torch.dtype, device: torch.device) -> StackedInputs:
-    """Pads every row's request to one ``[R, q]`` query block and stacks their caches (see the module docstring)."""
+def stack_rows(requests: list[RowRequest], dtype: torch.dtype, device: torch.device,
+               new_cache: Callable[[int], DynamicCache] | None = None) -> StackedInputs:
+    """Pads every row's request to one ``[R, q]`` query block and stacks their caches (see the module docstring)
+    into ``new_cache(rows)``, an empty cache for the stacked forward's ``rows`` (past and new; default: a
+    ``DynamicCache``; a compiled drafter's: preallocated)."""
     past = [r.past for r in requests]
     new = [int(r.ids.numel()) for r in requests]
     rows, width, longest = len(requests), max(new), max(past)
@@ -73,13 +77,16 @@ def stack_rows(requests: list[RowRequest], dtype: torch.dtype, device: torch.dev
         visible[row, start:, longest + start :] = request.visible[:, past[row] :]
     ids, positions, visible = to_device(device, ids, positions, visible)
     mask = float_mask(visible, dtype)[0, 0][:, None]  # [R, 1, q, P + q]
-    return StackedInputs(ids, positions, mask, stack_caches([r.kv.cache for r in requests], past, longest), past,
-                         new)
+    stacked = DynamicCache() if new_cache is None else new_cache(longest + width)
+    return StackedInputs(ids, positions, mask, stack_caches([r.kv.cache for r in requests], past, longest, stacked),
+                         past, new)
 
 
-def stack_caches(caches: list[DynamicCache], past: list[int], longest: int) -> DynamicCache:
-    """A new cache whose row ``r`` holds ``caches[r]``'s ``past[r]`` rows, right-padded with zeros to ``longest``."""
-    stacked = DynamicCache()
+def stack_caches(caches: list[DynamicCache], past: list[int], longest: int,
+                 stacked: DynamicCache | None = None) -> DynamicCache:
+    """``stacked`` (default: a new ``DynamicCache``) filled so that its row ``r`` holds ``caches[r]``'s ``past[r]``
+    rows, right-padded with zeros to ``longest``."""
+    stacked = DynamicCache() if stacked is None else stacked
     if longest == 0:
         return stacked
     fullest = caches[past.index(longest)]
