@@ -53,7 +53,22 @@ def categorical(probs: torch.Tensor, generator: Randomness = None) -> int:
     """One draw from the 1-D weights ``probs``."""
     if _is_source(generator):
         return generator.categorical(probs)
-    return int(torch.multinomial(probs, 1, generator=generator))
+    return int(categorical_rows(probs[None], generator)[0])
+
+
+def categorical_rows(probs: torch.Tensor, generator: Randomness = None) -> torch.Tensor:
+    """One draw per row of the weights ``probs`` ``[R, V]`` (not necessarily normalised): ``[R]`` indices, each the
+    inverse of its row's cumulative weights (float64) at a uniform draw. The law of ``torch.multinomial(probs, 1)``,
+    which draws one exponential per vocabulary entry instead: 1.1 ms a row over SmolLM2's 49152 tokens on a 2-core
+    EPYC, against 0.06 ms here. A zero weight is never drawn (its cumulative sum equals its predecessor's)."""
+    if _is_source(generator):
+        return torch.tensor([generator.categorical(row) for row in probs], dtype=torch.long, device=probs.device)
+    cdf = probs.double().cumsum(-1)
+    uniform = torch.rand((*cdf.shape[:-1], 1), generator=generator, dtype=torch.float64, device=probs.device)
+    index = torch.searchsorted(cdf, uniform * cdf[..., -1:], right=True)
+    # the draw is below the total, but rounding may land on it: the row's last positive weight then
+    last = (probs > 0).long().cumsum(-1).argmax(-1, keepdim=True)
+    return torch.minimum(index, last)[..., 0]
 
 
 def multinomial_counts(probs: torch.Tensor, num: torch.Tensor, generator: Randomness = None) -> torch.Tensor:

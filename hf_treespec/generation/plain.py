@@ -3,7 +3,8 @@
 With ``compile_config`` it runs every step through the same compiled forward as a compiled tree run (the same graphs,
 the same eager prefill, the same explicit masks), so it is the baseline a compiled tree run is measured against:
 transformers' own compile switch does not fire on a CPU. Without it, it is an eager plain loop. Greedy or sampled
-exactly as ``generate``'s ``_sample`` chooses tokens (argmax / one multinomial draw of the processed scores), left
+as ``generate``'s ``_sample`` chooses tokens (argmax, or one draw from the processed scores' softmax: the same law,
+drawn by `categorical_rows` without the exponential per vocabulary entry that ``torch.multinomial`` draws), left
 padded batches included.
 """
 
@@ -17,6 +18,7 @@ from ..attention import additive_mask
 from ..compat import CACHE_KWARG
 from ..compiled.host_threads import HostThreads
 from ..kv.stateful_kv import hand_back
+from ..randomness import categorical_rows
 from .config import GENERATE_ONLY_KWARGS
 from .components import check_empty_cache, returns_outside_inference_mode
 from .processors import run_processors
@@ -67,7 +69,7 @@ def plain_decoding(
             if raw_logits is not None:
                 raw_logits += (raw,)
             if generation_config.do_sample:
-                tokens = torch.multinomial(processed.softmax(-1), num_samples=1).squeeze(1)
+                tokens = categorical_rows(processed.softmax(-1))
             else:
                 tokens = processed.argmax(-1)
             if pad is not None:

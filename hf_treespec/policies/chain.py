@@ -13,6 +13,7 @@ import math
 
 import torch
 
+from ..randomness import categorical_rows
 from ..tree import DraftTree, Regime
 from .base import POLICIES, Draft, Growth, LogprobsRequest, TreePolicy, draft_greedy_chain
 
@@ -56,7 +57,7 @@ class ChainPolicy(TreePolicy):
             if self.do_sample:
                 q = logq.exp()
                 tree = tree.record_draft_probs(node, q[None])
-                token = torch.multinomial(q, 1)
+                token = categorical_rows(q[None])
             else:
                 token = torch.tensor([int(best)])
             tree = tree.add_children(node, token, logq[token])

@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 import torch
 
-from ..randomness import Randomness, categorical
+from ..randomness import Randomness, categorical, categorical_rows
 from ..registry import Registry
 from ..tree import DraftTree, Regime
 
@@ -71,7 +71,7 @@ class Verifier(ABC):
         (one vectorised draw, not a softmax and a host read per row)."""
         if not self.sampling:
             return target_logits.max(-1).indices
-        return torch.multinomial(target_probs(target_logits), 1)[:, 0]
+        return categorical_rows(target_probs(target_logits))
 
     # --------------------------------------------------------------------------------------------- compatibility
     @classmethod
