@@ -64,7 +64,7 @@ def categorical_rows(probs: torch.Tensor, generator: Randomness = None) -> torch
     if _is_source(generator):
         return torch.tensor([generator.categorical(row) for row in probs], dtype=torch.long, device=probs.device)
     cdf = probs.double().cumsum(-1)
-    uniform = torch.rand((*cdf.shape[:-1], 1), generator=generator, dtype=torch.float64, device=probs.device)
+    uniform = cdf.new_empty((*cdf.shape[:-1], 1)).uniform_(generator=generator)  # on the rows' device, no copy
     index = torch.searchsorted(cdf, uniform * cdf[..., -1:], right=True)
     # the draw is below the total, but rounding may land on it: the row's last positive weight then
     last = (probs > 0).long().cumsum(-1).argmax(-1, keepdim=True)

@@ -434,5 +434,5 @@ def test_categorical_rows_draws_each_rows_law_and_never_a_zero_weight(monkeypatc
         freq = torch.bincount(row, minlength=6).double() / n
         assert torch.all(freq[law == 0] == 0)
         assert torch.all((freq - law.double()).abs() <= 5 * (law.double() * (1 - law.double()) / n).sqrt() + 1e-12)
-    monkeypatch.setattr(torch, "rand", lambda *args, **kwargs: torch.ones(2, 1, dtype=torch.float64))
+    monkeypatch.setattr(torch.Tensor, "uniform_", lambda self, *args, **kwargs: self.fill_(1.0))
     assert categorical_rows(weights).tolist() == [4, 5]
