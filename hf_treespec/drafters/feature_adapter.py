@@ -135,10 +135,11 @@ class FeatureDrafter(Drafter):
         for four (SmolLM2-135M's drafter, bf16, 2-core EPYC), and a batch's first round used to make two per row."""
         parts, owners = [], []
         for drafter in drafters:
-            chain = torch.cat(drafter._pending_raw) if drafter._pending_raw else None
-            if chain is not None and len(chain) and drafter._pending_feature is None:
-                parts.append(chain)
-                owners.append((drafter, True))
+            if drafter._pending_raw and drafter._pending_feature is None:  # joined once, only when unprojected
+                chain = torch.cat(drafter._pending_raw)
+                if len(chain):
+                    parts.append(chain)
+                    owners.append((drafter, True))
             if drafter._root_feature is None:
                 parts.append(drafter._root_raw[None])
                 owners.append((drafter, False))

@@ -30,7 +30,6 @@ from ..drafters.base import TargetFeatures
 from ..kv.target_kv import target_kv
 from ..kv.tree_kv import to_device
 from ..kv.window import prepare
-from ..randomness import categorical_rows
 from ..step_context import DecodingSetup, StepContext, StepOutcome, sampling_params
 from .components import (
     TreeSpecGenerateOutput, check_decoder_only, check_empty_cache, check_drafter, check_text_only, resolve,
@@ -141,7 +140,7 @@ class TreeDecodingLoop:
         logits, states = self.target.prefill(**inputs, logits_to_keep=1)
         logits = logits[:, -1].float()
         processed = run_processors(self.logits_processor, self.input_ids, logits)
-        first = categorical_rows(processed.softmax(-1)) if self.do_sample else processed.argmax(-1)
+        first = self.verifier.target_choices(processed)  # as a draft-free row's token is chosen
         roots = first.tolist()
         self.timer.drafting()
         joined = self.joined(states)

@@ -82,11 +82,9 @@ def stack_rows(requests: list[RowRequest], dtype: torch.dtype, device: torch.dev
                          past, new)
 
 
-def stack_caches(caches: list[DynamicCache], past: list[int], longest: int,
-                 stacked: DynamicCache | None = None) -> DynamicCache:
-    """``stacked`` (default: a new ``DynamicCache``) filled so that its row ``r`` holds ``caches[r]``'s ``past[r]``
-    rows, right-padded with zeros to ``longest``."""
-    stacked = DynamicCache() if stacked is None else stacked
+def stack_caches(caches: list[DynamicCache], past: list[int], longest: int, stacked: DynamicCache) -> DynamicCache:
+    """The empty ``stacked`` filled so that its row ``r`` holds ``caches[r]``'s ``past[r]`` rows, right-padded with
+    zeros to ``longest``."""
     if longest == 0:
         return stacked
     fullest = caches[past.index(longest)]
