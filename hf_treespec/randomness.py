@@ -92,11 +92,13 @@ def multinomial_counts(probs: torch.Tensor, num: torch.Tensor, generator: Random
 
 
 def without_replacement(
-    probs: torch.Tensor, num: int, generator: Randomness = None
+    probs: torch.Tensor, num: int, generator: Randomness = None, support: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sequential sampling without replacement, ``num`` per row of ``probs`` ``[F, V]``, by Gumbel-top-k.
 
-    Returns ``tokens`` ``[F, num]`` in sampling order and ``valid`` ``[F, num]`` (False past a row's support)."""
+    ``support``: sorted columns outside which every row is zero (else found here on a CPU, `support_columns`): the
+    keys are drawn for those columns only, the others' being -inf anyway. Returns ``tokens`` ``[F, num]`` in sampling
+    order and ``valid`` ``[F, num]`` (False past a row's support)."""
     num = min(num, probs.shape[-1])
     if _is_source(generator):
         tokens = torch.zeros(probs.shape[0], num, dtype=torch.long, device=probs.device)
@@ -106,6 +108,30 @@ def without_replacement(
             tokens[i, : drawn.numel()] = drawn
             valid[i, : drawn.numel()] = True
         return tokens, valid
+    columns = support if support is not None else support_columns(probs)
+    if columns is not None:  # the keys of the columns some row can draw; the others' are -inf anyway
+        tokens, valid = _gumbel_top(probs[:, columns], num, generator)
+        missing = num - tokens.shape[-1]  # past every row's support: still ``num`` columns, marked invalid
+        return (torch.nn.functional.pad(columns[tokens], (0, missing)),
+                torch.nn.functional.pad(valid, (0, missing), value=False))
+    return _gumbel_top(probs, num, generator)
+
+
+def support_columns(probs: torch.Tensor) -> torch.Tensor | None:
+    """The columns where some row of the CPU weights ``probs`` ``[R, V]`` is positive, when that is not all of
+    them (a drafter with a reduced vocabulary scores 8192 of SmolLM2's 49152 tokens: the vocabulary-wide passes of a
+    draw are most of its cost on a CPU); None otherwise, and on a device, whose ``nonzero`` would wait for it."""
+    if probs.device.type != "cpu" or probs.shape[0] == 0:
+        return None
+    used = (probs > 0).any(0) if probs.shape[0] > 1 else probs[0] > 0
+    if int(used.count_nonzero()) == used.numel():
+        return None
+    return used.nonzero().squeeze(-1)
+
+
+def _gumbel_top(probs: torch.Tensor, num: int, generator: Randomness) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gumbel-top-k over the columns of ``probs``: ``(tokens, valid)`` as `without_replacement` returns them."""
+    num = min(num, probs.shape[-1])
     uniform = torch.rand(probs.shape, generator=generator, device=probs.device, dtype=torch.float32)
     gumbel = -torch.log(-torch.log(uniform.clamp(min=1e-20)))
     keys = torch.where(probs > 0, probs.float().log() + gumbel, torch.full_like(gumbel, float("-inf")))

@@ -57,6 +57,8 @@ class DraftTree:
         regime: one of :class:`Regime`.
         draft_probs: optional ``[m, V]`` table of warped draft distributions q(. | node) for expanded nodes.
         q_index: ``[n]`` row of ``draft_probs`` holding q(. | node), -1 where the node was not expanded.
+        draft_support: optional sorted columns outside which every row of ``draft_probs`` is zero (a drafter's
+            reduced vocabulary): verifiers may pass over them instead of the vocabulary.
         uids: ``[n]`` identity of each node that survives ``select`` (caches map uids, not indices, to KV rows).
         counts: optional ``[n]`` multiplicity of each node in its parent's child list: the number of i.i.d. draft
             draws at the parent that produced this token (i.i.d. trees merge equal draws into one node, so verifiers
@@ -70,6 +72,7 @@ class DraftTree:
     regime: str = Regime.DETERMINISTIC
     draft_probs: torch.Tensor | None = None
     q_index: torch.Tensor | None = None
+    draft_support: torch.Tensor | None = None
     uids: torch.Tensor | None = None
     next_uid: int = 1
     counts: torch.Tensor | None = None
@@ -165,14 +168,18 @@ class DraftTree:
             _cache=cache,
         )
 
-    def record_draft_probs(self, nodes: torch.Tensor, probs: torch.Tensor) -> "DraftTree":
-        """Returns a new tree that remembers q(. | node) for ``nodes`` (rows of ``probs``)."""
+    def record_draft_probs(self, nodes: torch.Tensor, probs: torch.Tensor,
+                           support: torch.Tensor | None = None) -> "DraftTree":
+        """Returns a new tree that remembers q(. | node) for ``nodes`` (rows of ``probs``), and ``support`` (sorted
+        columns outside which those rows are zero; kept while every recorded table shares it)."""
         q_index = self.q_index if self.q_index is not None else torch.full_like(self.tokens, -1)
         start = 0 if self.draft_probs is None else self.draft_probs.shape[0]
         table = probs if self.draft_probs is None else torch.cat([self.draft_probs, probs.to(self.draft_probs.device)])
         q_index = q_index.clone()
         q_index[nodes.long().cpu()] = torch.arange(start, start + nodes.numel())
-        return replace(self, draft_probs=table, q_index=q_index, _cache=dict(self._cache))
+        if self.draft_probs is not None and support is not self.draft_support:
+            support = None
+        return replace(self, draft_probs=table, q_index=q_index, draft_support=support, _cache=dict(self._cache))
 
     def select(self, keep: torch.Tensor) -> "DraftTree":
         """Sub-tree with the nodes of the boolean/index ``keep`` (must be closed under parents; root kept first)."""

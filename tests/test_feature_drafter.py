@@ -117,6 +117,20 @@ def test_target_logits_and_labels_use_the_draft_vocab(target):
         drafter.set_draft_vocab(torch.zeros(24, dtype=torch.long))
 
 
+def test_draft_support_is_the_sorted_draft_vocabulary(target):
+    """What sampled draws and the SWOR walk pass over (`Drafter.draft_support`): the draft vocabulary's ids sorted,
+    following a new d2t; None for a full vocabulary."""
+    drafter = make_drafter(target, draft_vocab_size=24)
+    drafter.set_draft_vocab(permuted_vocab(24))
+    adapter = FeatureDrafter(drafter)
+    assert torch.equal(adapter.draft_support, permuted_vocab(24).sort().values)
+    drafter.set_draft_vocab(torch.arange(24))
+    assert torch.equal(adapter.draft_support, torch.arange(24))
+    logits = drafter.target_logits(torch.randn(3, 24))
+    assert bool(torch.isinf(logits).all(0)[~torch.isin(torch.arange(VOCAB), adapter.draft_support)].all())
+    assert FeatureDrafter(make_drafter(target)).draft_support is None
+
+
 @pytest.mark.parametrize("input_mode", ["fc", "eagle3"])
 def test_forward_with_tree_mask_equals_each_path_alone(target, input_mode):
     """Training with tree attention (TALF): one forward over a tree = independent causal forwards over its paths."""

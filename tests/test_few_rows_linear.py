@@ -87,6 +87,29 @@ def test_routes_a_models_linears_in_compiled_graphs_only(op):
     torch._dynamo.reset()
 
 
+def test_eager_runs_a_routed_linear_through_the_op(op, monkeypatch):
+    """`FewRowsLinears.eager` (a compiled drafter's feature projection between graph calls): the op's product for a
+    routed linear's few rows, the module itself past `MOST_ROWS` rows or for a linear it did not pack."""
+    model = tiny_llama(seed=5).to(torch.bfloat16)
+    routed = FewRowsLinears.attach(model)
+    calls = []
+    monkeypatch.setattr(routed, "op", lambda *args: calls.append(args) or op(*args))
+    head = model.lm_head
+    with torch.no_grad():
+        for rows, through_op in ((3, True), (MOST_ROWS + 1, False)):
+            x = torch.randn(rows, head.in_features, generator=torch.Generator().manual_seed(rows)).bfloat16()
+            calls.clear()
+            out = routed.eager(head, x)
+            assert len(calls) == int(through_op)
+            torch.testing.assert_close(out.float(), F.linear(x.float(), head.weight.float()), atol=1e-2, rtol=2 ** -7)
+        other = torch.nn.Linear(8, 4).to(torch.bfloat16)
+        calls.clear()
+        x = torch.randn(2, 8).bfloat16()
+        assert torch.equal(routed.eager(other, x), other(x)) and not calls
+    routed.release()
+    assert routed.packed == {}
+
+
 def test_serves_bf16_cpu_models_only(monkeypatch):
     assert FewRowsLinears.attach(tiny_llama(seed=4)) is None  # fp32: inductor's linears
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")  # a run standing in for a CPU without avx512

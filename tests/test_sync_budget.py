@@ -5,7 +5,9 @@ stated below, and check that the counter sees a planted read, so a regression ca
 import pytest
 import torch
 
+from hf_treespec import randomness
 from hf_treespec.kv.tree_kv import keep_rows, to_device
+from hf_treespec.verifiers import topdown
 from hf_treespec.drafters import TreeSpecDrafterConfig, TreeSpecDrafterModel
 from sync_counter import SyncCounter
 from hf_treespec.tree import to_host
@@ -30,6 +32,14 @@ BUDGET = {  # measured worst step: chain 7 / 14, eagle2 10 / 11, salf 4 / 6, dys
 #: counter sees them since the rows' policies run on the calling thread: on the lockstep threads of before, the
 #: counter's thread-local modes missed them, and the same step counted 11)
 BATCH_BUDGET = 24
+
+
+@pytest.fixture(autouse=True)
+def as_on_a_device(monkeypatch):
+    """The counter stands for a device on the CPU: the compaction of a draw to the columns q can draw
+    (`support_columns`, CPU only: its ``nonzero`` would wait for a device) stays off, as it does on a device."""
+    for module in (randomness, topdown):
+        monkeypatch.setattr(module, "support_columns", lambda probs: None)
 
 
 @pytest.fixture(scope="module")

@@ -69,12 +69,12 @@ def tree_key(tree: DraftTree) -> tuple:
 
 
 # ----------------------------------------------------------------------------------------------- exact machinery
-def tree_law(policy, q_fn) -> list[tuple[DraftTree, float]]:
+def tree_law(policy, q_fn, source_type=TableSource) -> list[tuple[DraftTree, float]]:
     """Every tree the policy can draft, with its exact probability."""
     trees: dict[tuple, DraftTree] = {}
 
     def run(source):  # deterministic policies draw nothing: a single outcome of probability 1
-        tree = policy.build(TableSource(q_fn), ROOT, context=StepContext(ROOT), generator=source)
+        tree = policy.build(source_type(q_fn), ROOT, context=StepContext(ROOT), generator=source)
         trees[tree_key(tree)] = tree
         return tree_key(tree)
 
@@ -203,6 +203,33 @@ def test_exact_lossless(problem, verifier, tree_laws):
     law = step_law(VERIFIERS.get(verifier)(), trees, p_fn)
     depth = max(int(tree.max_depth) for tree, _ in trees)
     assert_lossless(law, p_fn, vocab, depth + 1)
+
+
+class ReducedVocabSource(TableSource):
+    """A drafter's reduced vocabulary: q is zero outside ``support`` at every node (and at one more column at some
+    nodes: the support is a superset), p is not."""
+
+    support = torch.tensor([0, 2, 4])
+
+
+def reduced_q(path: tuple[int, ...]) -> torch.Tensor:
+    q = toy_table(1, path, 5).clone()
+    q[[1, 3]] = 0
+    return q / q.sum()
+
+
+@pytest.mark.parametrize("problem", ["dyspec-b4", "static-sampled"])
+def test_exact_lossless_over_a_declared_support(problem):
+    """The SWOR walk over the source's declared columns (`DraftSource.support` -> `DraftTree.draft_support`), the
+    tokens outside them pooled into one entry and drawn from p there: every tree was drawn from the support, the
+    verification still emits the target law."""
+    policy, _ = make_policy(problem)
+    trees = tree_law(policy, reduced_q, ReducedVocabSource)
+    assert all(tree.draft_support is ReducedVocabSource.support for tree, _ in trees if tree.num_nodes > 1)
+    assert all(set(tree.tokens[1:].tolist()) <= {0, 2, 4} for tree, _ in trees)
+    p_fn = lambda path: toy_table(0, path, 5)  # noqa: E731
+    law = step_law(VERIFIERS.get("swor")(), trees, p_fn)
+    assert_lossless(law, p_fn, 5, max(int(tree.max_depth) for tree, _ in trees) + 1)
 
 
 @pytest.mark.parametrize("verifier", ["specinfer", "spectr", "khisti", "khisti_priority", "traversal", "naivetree"])

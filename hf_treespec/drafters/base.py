@@ -61,6 +61,12 @@ class Drafter(ABC):
     def start(self, prefix_ids: torch.Tensor, features: TargetFeatures | None = None) -> None:
         """Prefill on ``prefix_ids`` ``[L]`` (the tokens before the first root)."""
 
+    @property
+    def draft_support(self) -> torch.Tensor | None:
+        """Sorted target ids outside which this drafter's logits are always -inf (a reduced draft vocabulary), or
+        None (any id may be proposed). Draws and their verification then pass over these columns only."""
+        return None
+
     @abstractmethod
     def expand(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
         """Raw next-token logits ``[len(nodes), V]`` (float32) after each node in ``nodes``, in one forward."""

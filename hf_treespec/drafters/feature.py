@@ -275,6 +275,17 @@ class TreeSpecDrafterModel(PreTrainedModel):
         out[..., self.d2t.to(logits.device)] = logits
         return out
 
+    def draft_columns(self) -> torch.Tensor | None:
+        """The target ids of the draft vocabulary, sorted (the columns `target_logits` fills), or None for a full
+        vocabulary; memoised per d2t."""
+        if self.config.draft_vocab_size == self.config.vocab_size:
+            return None
+        key = (self.d2t.data_ptr(), self.d2t._version)
+        cached = self._memo.get("columns")
+        if cached is None or cached[0] != key:
+            cached = self._memo["columns"] = (key, self.d2t.sort().values)
+        return cached[1]
+
     def has_identity_vocab(self) -> bool:
         """Whether draft index i is target id i for every id (full vocabulary, natural order); memoised per d2t."""
         key = (self.d2t.data_ptr(), self.d2t._version)
@@ -309,8 +320,9 @@ class TreeSpecDrafterModel(PreTrainedModel):
         return self
 
     # ------------------------------------------------------------------------------------------------ forward
-    def project_features(self, target_hidden_states: torch.Tensor) -> torch.Tensor:
-        """Target hidden states ``[..., feature_size]`` -> drafter features ``[..., hidden_size]``."""
+    def project_features(self, target_hidden_states: torch.Tensor, linear=None) -> torch.Tensor:
+        """Target hidden states ``[..., feature_size]`` -> drafter features ``[..., hidden_size]``. ``linear(module,
+        x)``: how the projection's linear runs (``module(x)`` by default; a compiled drafter hands its few-rows op)."""
         if target_hidden_states.shape[-1] != self.config.feature_size:
             raise ValueError(
                 f"target hidden states have width {target_hidden_states.shape[-1]}, but this drafter reads "
@@ -321,7 +333,7 @@ class TreeSpecDrafterModel(PreTrainedModel):
         if self.feature_norm is not None:
             x = self.feature_norm(x)
         if self.feature_proj is not None:
-            x = self.feature_proj(x)
+            x = self.feature_proj(x) if linear is None else linear(self.feature_proj, x)
         return x
 
     def embed(self, input_ids: torch.LongTensor) -> torch.Tensor:

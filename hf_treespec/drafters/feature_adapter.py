@@ -71,6 +71,10 @@ class FeatureDrafter(Drafter):
             compiled.warm_up(batch)
         self._compiled = compiled if compiled.failure is None else None
 
+    @property
+    def draft_support(self) -> torch.Tensor | None:
+        return self.model.draft_columns()
+
     @classmethod
     def accepts(cls, model) -> bool:
         return isinstance(model, TreeSpecDrafterModel)
@@ -145,7 +149,10 @@ class FeatureDrafter(Drafter):
                 owners.append((drafter, False))
         if not parts:
             return
-        projected = drafters[0].model.project_features(torch.cat(parts)).split([len(part) for part in parts])
+        first = drafters[0]
+        linears = None if first._compiled is None else first._compiled.linears
+        projected = first.model.project_features(torch.cat(parts), None if linears is None else linears.eager)
+        projected = projected.split([len(part) for part in parts])
         for (drafter, pending), rows in zip(owners, projected):
             if pending:
                 drafter._pending_feature = rows

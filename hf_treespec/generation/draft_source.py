@@ -16,7 +16,7 @@ class WarpedDraftSource(DraftSource):
 
     The drafter's fast paths (``Drafter.capabilities``) are declared here only when no logits processor runs: a
     processor may reorder the drafter's scores, and then only the depth-by-depth route through :meth:`logprobs` sees
-    the warped ranking.
+    the warped ranking. So is its `Drafter.draft_support`.
     """
 
     def __init__(self, drafter: Drafter, processors: LogitsProcessorList, prefix_ids: torch.Tensor):
@@ -25,6 +25,8 @@ class WarpedDraftSource(DraftSource):
         self.prefix_ids = prefix_ids
         self.num_forwards = 0
         self.capabilities = frozenset() if len(processors) else drafter.capabilities
+        # a processor may give weight outside the drafter's vocabulary (e.g. InfNanRemoveLogitsProcessor's -inf)
+        self.support = None if len(processors) else drafter.draft_support
 
     def logprobs(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
         return self.warp(tree, nodes, self.drafter.expand(tree, nodes))

@@ -65,6 +65,8 @@ class DraftSource(ABC):
     """
 
     capabilities: frozenset[str] = frozenset()
+    #: sorted token ids outside which every q of this source is zero, or None (`SupportRequest`)
+    support: torch.Tensor | None = None
 
     @abstractmethod
     def logprobs(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
@@ -111,6 +113,23 @@ class TopkRequest:
 
     def answer(self, source: DraftSource) -> tuple[torch.Tensor, torch.Tensor]:
         return source.topk_logprobs(self.tree, self.nodes, self.k)
+
+
+@dataclass(frozen=True)
+class Support:
+    """The answer to a `SupportRequest`: ``columns`` (sorted token ids outside which every q of the source is zero)
+    or None. A request's answer is never None itself: None means "wait for the round" to `grow_in_rounds`."""
+
+    columns: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class SupportRequest:
+    """The columns q can be positive on (`DraftSource.support`), answered at once (no forward): draws and their
+    verification then pass over those columns, not the vocabulary (a drafter with a reduced vocabulary)."""
+
+    def answer(self, source: DraftSource) -> Support:
+        return Support(source.support)
 
 
 @dataclass
@@ -328,16 +347,18 @@ def topk_children(tree: DraftTree, nodes: torch.Tensor, k: int,
 def sibling_sequence(
     tree: DraftTree, nodes: torch.Tensor, count: int, do_sample: bool, capabilities: frozenset[str],
     generator: Randomness = None,
-) -> Generator[Any, Any, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+) -> Generator[Any, Any, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]]:
     """Returns each node's first ``count`` children ``(tokens, log q)`` ``[len(nodes), <= count]`` in sibling order,
-    -inf past q's support, and the rows of q they came from: sampled without replacement when ``do_sample`` (the
-    order of a sampling-without-replacement sequence, which the SWOR verifier tests), the draft's top ranks otherwise
-    (no q to record). Shared by the policies of the without-replacement regime (DySpec, Sequoia's static trees)."""
+    -inf past q's support, the rows of q they came from and the source's `Support` columns (for
+    `DraftTree.record_draft_probs`): sampled without replacement when ``do_sample`` (the order of a
+    sampling-without-replacement sequence, which the SWOR verifier tests), the draft's top ranks otherwise (no q to
+    record). Shared by the policies of the without-replacement regime (DySpec, Sequoia's static trees)."""
     if not do_sample:
         values, tokens = yield from topk_children(tree, nodes, count, capabilities)
-        return tokens, values, None
+        return tokens, values, None, None
     logq = yield LogprobsRequest(tree, nodes)
+    support = (yield SupportRequest()).columns
     probs = logq.exp()
-    tokens, valid = without_replacement(probs, count, generator)
+    tokens, valid = without_replacement(probs, count, generator, support)
     values = logq.gather(1, tokens).masked_fill(~valid, float("-inf"))
-    return tokens, values, probs
+    return tokens, values, probs, support

@@ -63,11 +63,11 @@ class DySpecPolicy(TreePolicy):
         expanded = torch.zeros(1, dtype=torch.bool, device=device)
         frontier = torch.zeros(1, dtype=torch.long, device=device)
         while frontier.numel():
-            tokens, logq, probs = yield from sibling_sequence(tree, frontier, budget, self.do_sample, capabilities,
-                                                              generator)
+            tokens, logq, probs, support = yield from sibling_sequence(tree, frontier, budget, self.do_sample,
+                                                                       capabilities, generator)
             tokens, logq = to_host(tokens, logq)  # [F, <= budget] draws to the host tree (q stays on the device)
             if probs is not None:  # the verifier tests the draws against the q they were sampled from
-                tree = tree.record_draft_probs(frontier, probs)
+                tree = tree.record_draft_probs(frontier, probs, support)
             expanded[frontier] = True
             # slot value of the j-th draw at u: exp(score(u)) * (1 - draft mass of draws 1..j-1)
             mass = logq.exp()

@@ -203,10 +203,10 @@ class StaticPolicy(TreePolicy):
                 break
             parents, ranks, level = parents[alive], ranks[alive], level.to(device)[alive]
             expand, row = parents.unique(return_inverse=True)
-            toks, vals, probs = yield from sibling_sequence(tree, expand, int(ranks.max()) + 1, self.do_sample,
-                                                            capabilities, generator)
+            toks, vals, probs, support = yield from sibling_sequence(tree, expand, int(ranks.max()) + 1,
+                                                                     self.do_sample, capabilities, generator)
             if probs is not None:  # the verifier tests each node's draws against the q they were sampled from
-                tree = tree.record_draft_probs(expand, probs)
+                tree = tree.record_draft_probs(expand, probs, support)
             toks, vals = to_host(toks, vals)  # [F, <= max rank + 1] sibling sequences to the host tree
             if vals.shape[-1] == 0:  # a sparse source (prompt lookup) proposed nothing at this level
                 break

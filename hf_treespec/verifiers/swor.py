@@ -20,6 +20,8 @@ class SWORVerifier(TopDownVerifier):
 
     lossless_regimes = frozenset({Regime.SWOR})
 
+    pools_undrafted = True  # (p - q)+ keeps p's weights where q is zero: they change alike
+
     def solve(self, p, q, tokens, counts, generator) -> int:
         q = q.clone()
         for x in tokens.tolist():

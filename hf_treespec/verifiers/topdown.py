@@ -13,7 +13,7 @@ from abc import abstractmethod
 
 import torch
 
-from ..randomness import Randomness, categorical
+from ..randomness import Randomness, categorical, support_columns
 from ..tree import DraftTree, Regime
 from .base import Verifier, VerifyResult, sample, target_probs
 
@@ -33,6 +33,9 @@ class TopDownVerifier(Verifier):
 
     lossless_regimes = frozenset({Regime.IID})
     needs_draft_probs = True
+    #: whether `solve` changes the weights of the tokens q gives nothing alike (each keeps its share of p, as
+    #: (p - q)+ does): it then runs over q's columns plus one pooled entry for the rest (`_solve_pooled`)
+    pools_undrafted: bool = False
 
     @abstractmethod
     def solve(
@@ -41,22 +44,41 @@ class TopDownVerifier(Verifier):
         """A token y ~ p, coupled with the children ``tokens`` (multiplicities ``counts``) drawn i.i.d. from ``q``."""
 
     def verify(self, tree: DraftTree, target_logits: torch.Tensor, generator: Randomness = None) -> VerifyResult:
-        probs = target_probs(target_logits)
+        # p at the nodes the walk visits only (the accepted path and one more): a softmax over the vocabulary per
+        # node, where the tree has several times as many
         multiplicity = tree.multiplicity()
         node, path = 0, [0]
         while True:
             kids = tree.children(node)
+            p = target_probs(target_logits[node])
             if kids.numel() == 0:
-                token = sample(probs[node], generator)
+                token = sample(p, generator)
                 break
             tokens = tree.tokens[kids]
-            token = self.solve(probs[node], tree.draft_q(node), tokens, multiplicity[kids], generator)
+            token = self._solve_pooled(p, tree.draft_q(node), tokens, multiplicity[kids], generator,
+                                       tree.draft_support)
             match = (tokens == token).nonzero().flatten()
             if match.numel() == 0:
                 break
             node = int(kids[match[0]])
             path.append(node)
         return VerifyResult(accepted=torch.tensor(path, device=tree.device), next_token=token)
+
+
+    def _solve_pooled(self, p, q, tokens, counts, generator, support) -> int:
+        """`solve`, over the columns q can draw when the solver `pools_undrafted` (``support``, else found on a CPU):
+        the tokens outside them, never drafted, enter as one entry holding their mass of p, and a draw of it is
+        resolved from p there. The same law, with passes over a reduced draft vocabulary (8192 of SmolLM2's 49152
+        tokens for the shipped drafter) instead of the vocabulary."""
+        columns = None
+        if self.pools_undrafted:
+            columns = support if support is not None else support_columns(q[None])
+        if columns is None:
+            return self.solve(p, q, tokens, counts, generator)
+        outside = p.index_fill(0, columns, 0)
+        token = self.solve(torch.cat([p[columns], outside.sum()[None]]), torch.cat([q[columns], q.new_zeros(1)]),
+                           torch.searchsorted(columns, tokens.to(columns.device)), counts, generator)
+        return int(columns[token]) if token < columns.numel() else sample(outside, generator)
 
 
 def single_draft_law(table, c: int) -> dict[int, float]:
