@@ -28,7 +28,7 @@ The classes are registered with ``AutoConfig`` / ``AutoModel`` when ``hf_treespe
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -280,20 +280,24 @@ class TreeSpecDrafterModel(PreTrainedModel):
         vocabulary; memoised per d2t."""
         if self.config.draft_vocab_size == self.config.vocab_size:
             return None
-        key = (self.d2t.data_ptr(), self.d2t._version)
-        cached = self._memo.get("columns")
-        if cached is None or cached[0] != key:
-            cached = self._memo["columns"] = (key, self.d2t.sort().values)
-        return cached[1]
+        return self._memoised("columns", self._d2t_key(), lambda: self.d2t.sort().values)
 
     def has_identity_vocab(self) -> bool:
         """Whether draft index i is target id i for every id (full vocabulary, natural order); memoised per d2t."""
-        key = (self.d2t.data_ptr(), self.d2t._version)
-        cached = self._memo.get("identity")
-        if cached is None or cached[0] != key:
+        def identity() -> bool:
             full = self.config.draft_vocab_size == self.config.vocab_size
-            identity = full and bool((self.d2t == torch.arange(self.d2t.numel(), device=self.d2t.device)).all())
-            cached = self._memo["identity"] = (key, identity)
+            return full and bool((self.d2t == torch.arange(self.d2t.numel(), device=self.d2t.device)).all())
+
+        return self._memoised("identity", self._d2t_key(), identity)
+
+    def _d2t_key(self) -> tuple:
+        return (self.d2t.data_ptr(), self.d2t._version)
+
+    def _memoised(self, name: str, key: tuple, compute: Callable[[], Any]) -> Any:
+        """``compute()``, kept in ``_memo`` under ``name`` while ``key`` (the versions of its inputs) holds."""
+        cached = self._memo.get(name)
+        if cached is None or cached[0] != key:
+            cached = self._memo[name] = (key, compute())
         return cached[1]
 
     # ---------------------------------------------------------------------------------------------------- depth
@@ -362,13 +366,12 @@ class TreeSpecDrafterModel(PreTrainedModel):
         casting 8k-49k x 576 per draft step would cost as much as the drafter's own layer)."""
         if torch.is_grad_enabled() and weight.requires_grad:
             return weight.index_select(0, self.d2t.to(weight.device)).to(dtype)
-        key = (weight.data_ptr(), weight._version, self.d2t.data_ptr(), self.d2t._version, dtype)
-        cached = self._memo.get("head_weight")
-        if cached is None or cached[0] != key:
-            rows = weight.detach() if self.has_identity_vocab() else weight.detach().index_select(
+        def rows() -> torch.Tensor:
+            kept = weight.detach() if self.has_identity_vocab() else weight.detach().index_select(
                 0, self.d2t.to(weight.device))
-            cached = self._memo["head_weight"] = (key, rows.to(dtype))
-        return cached[1]
+            return kept.to(dtype)
+
+        return self._memoised("head_weight", (weight.data_ptr(), weight._version, *self._d2t_key(), dtype), rows)
 
     def forward(
         self,

@@ -64,7 +64,6 @@ class TopDownVerifier(Verifier):
             path.append(node)
         return VerifyResult(accepted=torch.tensor(path, device=tree.device), next_token=token)
 
-
     def _solve_pooled(self, p, q, tokens, counts, generator, support) -> int:
         """`solve`, over the columns q can draw when the solver `pools_undrafted` (``support``, else found on a CPU):
         the tokens outside them, never drafted, enter as one entry holding their mass of p, and a draw of it is
