@@ -16,18 +16,24 @@ PROMPT = torch.tensor([[3, 17, 42, 8, 8, 21]])
 WARP = dict(do_sample=True, temperature=1.2, top_k=3)
 
 
+#: sampling with no logits processor at all (``top_k=0``: generate's default top-k of 50 would add one)
+UNWARPED = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0)
+
+
 @torch.no_grad()
-def exact_law(model, prefix: torch.Tensor = PROMPT, length: int = 3) -> dict[tuple[int, ...], float]:
+def exact_law(model, prefix: torch.Tensor = PROMPT, length: int = 3, warped: bool = True
+              ) -> dict[tuple[int, ...], float]:
+    """The law of the next ``length`` tokens: under `WARP` (``warped``), else under `UNWARPED`."""
     from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper
 
-    warp = LogitsProcessorList([TemperatureLogitsWarper(1.2), TopKLogitsWarper(3)])
+    warp = LogitsProcessorList([TemperatureLogitsWarper(1.2), TopKLogitsWarper(3)] if warped else [])
     probs = warp(prefix, model(prefix).logits[:, -1]).softmax(-1)[0]
     law = {}
     for token in probs.nonzero().squeeze(-1).tolist():
         if length == 1:
             law[(token,)] = float(probs[token])
             continue
-        tail = exact_law(model, torch.cat([prefix, torch.tensor([[token]])], 1), length - 1)
+        tail = exact_law(model, torch.cat([prefix, torch.tensor([[token]])], 1), length - 1, warped)
         law.update({(token, *rest): float(probs[token]) * p for rest, p in tail.items()})
     return law
 
@@ -49,14 +55,31 @@ def chi_square_pvalue(counts: dict, law: dict, n: int) -> float:
     return float(chi2.sf(stat, dof))
 
 
-def sample_three_tokens(model, n: int, prompt: torch.Tensor = PROMPT, **generate_kwargs) -> tuple[dict, list]:
-    """``n`` ``generate`` calls of three tokens sampled with `WARP` (seeded once): how often each 3-token outcome
-    came, and the outputs (``return_dict_in_generate``, for `assert_drafted`)."""
+def binned_pvalue(counts: dict, law: dict, n: int, bins: int = 12) -> float:
+    """Pearson chi-square over ``bins`` groups of outcomes of about equal mass, grouped by their probability (a
+    partition fixed by the law alone): for a law spread over too many outcomes for `chi_square_pvalue`'s cells."""
+    assert sum(counts.values()) == n and set(counts) <= set(law), "sampled an outcome of probability zero"
+    ranked = sorted(law, key=law.get, reverse=True)
+    mass = torch.tensor([law[cell] for cell in ranked], dtype=torch.float64)
+    group = dict(zip(ranked, ((mass.cumsum(0) - mass) * bins / mass.sum()).long().clamp(max=bins - 1).tolist()))
+    expected = torch.zeros(bins, dtype=torch.float64).index_add_(0, torch.tensor(list(group.values())), mass) * n
+    observed = torch.zeros(bins, dtype=torch.float64)
+    for cell, count in counts.items():
+        observed[group[cell]] += count
+    used = expected > 0
+    stat = float(((observed[used] - expected[used]) ** 2 / expected[used]).sum())
+    return float(chi2.sf(stat, int(used.sum()) - 1))
+
+
+def sample_three_tokens(model, n: int, prompt: torch.Tensor = PROMPT, sampling: dict = WARP, **generate_kwargs
+                        ) -> tuple[dict, list]:
+    """``n`` ``generate`` calls of three tokens sampled with ``sampling`` (seeded once): how often each 3-token
+    outcome came, and the outputs (``return_dict_in_generate``, for `assert_drafted`)."""
     torch.manual_seed(0)
     counts: dict = {}
     outs = []
     for _ in range(n):
-        out = model.generate(prompt, max_new_tokens=3, return_dict_in_generate=True, **WARP, **generate_kwargs)
+        out = model.generate(prompt, max_new_tokens=3, return_dict_in_generate=True, **sampling, **generate_kwargs)
         outs.append(out)
         cell = tuple(out.sequences[0, -3:].tolist())
         counts[cell] = counts.get(cell, 0) + 1
@@ -72,6 +95,19 @@ def test_three_token_law_is_preserved(target, drafters, policy, verifier):
     assert_drafted(outs)
     assert all(out.drafted_steps == len(out.tree_sizes) for out in outs), "every step drafts a tree"
     assert chi_square_pvalue(counts, law, n) > 1e-3
+
+
+@pytest.mark.parametrize("policy,verifier", [("dyspec", "swor"), ("salf", "nss")])
+def test_three_token_law_without_logits_processors(target, drafters, policy, verifier):
+    """With no processor and no returned scores, the verifier reads the forward's own logits, at the nodes it visits
+    (no rows x vocabulary cast to fp32 first, no logits kept past the verdict: `TreeDecodingLoop.lean`); same law."""
+    law = exact_law(target, warped=False)
+    n = 600
+    counts, outs = sample_three_tokens(target, n, sampling=UNWARPED, assistant_model=drafters["perturbed"],
+                                       tree_policy=policy, verifier=verifier, tree_depth=3, **fixed_budget(policy, 8))
+    assert_drafted(outs)
+    assert all(out.drafted_steps == len(out.tree_sizes) for out in outs), "every step drafts a tree"
+    assert binned_pvalue(counts, law, n) > 1e-3
 
 
 def sharpened(model, factor: float = 3.0):

@@ -196,6 +196,17 @@ def test_multinomial_counts_law():
     assert chi2.sf(float(((observed - expected) ** 2 / expected).sum()), 3) > 1e-6
 
 
+def test_exp_on_a_support_equals_the_full_exp():
+    """q from log q, exponentiated on the declared support only: the same table (zeros where log q is -inf)."""
+    from hf_treespec.policies.base import exp_on
+
+    support = torch.tensor([1, 4, 6])
+    logq = torch.full((2, 8), float("-inf"))
+    logq[:, support] = torch.log_softmax(torch.randn(2, 3, generator=torch.Generator().manual_seed(0)), -1)
+    assert torch.equal(exp_on(logq, support), logq.exp())
+    assert torch.equal(exp_on(logq, None), logq.exp())
+
+
 def test_without_replacement_law():
     """Gumbel-top-k order = sequential sampling without replacement: P(a, b) = q(a) q(b) / (1 - q(a))."""
     q = torch.tensor([0.5, 0.3, 0.2, 0.0])

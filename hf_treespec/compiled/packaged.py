@@ -69,7 +69,7 @@ def buffers_as_cache(config, slots: torch.Tensor, keys: list[torch.Tensor], valu
     for index, (key_buffer, value_buffer) in enumerate(zip(keys, values)):
         layer = PreallocatedLayer(key_buffer.shape[2], write)
         layer.key_buffer, layer.value_buffer = key_buffer, value_buffer
-        layer.keys, layer.values = key_buffer[..., :0, :], value_buffer[..., :0, :]
+        layer.view_rows(0)
         layer.is_initialized = True
         cache.layers[index] = layer
     return cache

@@ -36,8 +36,44 @@ class WriteSlots:
         self.index: torch.Tensor | None = None
 
 
+class BufferRows:
+    """``keys`` / ``values`` of a `PreallocatedLayer`: a view of the first rows of its buffer, made when read (a step
+    that moves the used length sets one integer per layer instead of slicing two views per layer: 60 slices a step
+    for SmolLM2's 30 layers). Any other tensor assigned is held as it is (`PreallocatedLayer.reserve` re-adopts it)."""
+
+    def __init__(self, buffer: str):
+        self.buffer = buffer
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.rows, self.held = f"_{name}_rows", f"_{name}_held"
+
+    def __get__(self, layer, owner=None):
+        if layer is None:
+            return self
+        rows = layer.__dict__.get(self.rows)
+        if rows is None:
+            return layer.__dict__.get(self.held)
+        return getattr(layer, self.buffer).narrow(2, 0, rows)
+
+    def __set__(self, layer, value) -> None:
+        buffer = layer.__dict__.get(self.buffer)
+        if value is not None and buffer is not None and _prefix_of(value, buffer):
+            layer.__dict__[self.rows], layer.__dict__[self.held] = value.shape[2], None
+        else:
+            layer.__dict__[self.rows], layer.__dict__[self.held] = None, value
+
+
+def _prefix_of(view: torch.Tensor, buffer: torch.Tensor) -> bool:
+    """Whether ``view`` is the first rows of ``buffer`` (same start, batch, heads and strides)."""
+    return (view.data_ptr() == buffer.data_ptr() and view.shape[:2] == buffer.shape[:2]
+            and view.shape[3:] == buffer.shape[3:] and view.stride() == buffer.stride())
+
+
 class PreallocatedLayer(DynamicLayer):
     """One layer's keys and values in buffers of ``capacity`` rows; ``keys`` / ``values`` view the first rows."""
+
+    keys = BufferRows("key_buffer")
+    values = BufferRows("value_buffer")
 
     def __init__(self, capacity: int, slots: WriteSlots | None = None):
         super().__init__()
@@ -51,7 +87,7 @@ class PreallocatedLayer(DynamicLayer):
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
         self._allocate(key_states, value_states, max(self.capacity, key_states.shape[-2]))
-        self.keys, self.values = self.key_buffer[..., :0, :], self.value_buffer[..., :0, :]
+        self.view_rows(0)
         self.is_initialized = True
 
     def _allocate(self, keys_like: torch.Tensor, values_like: torch.Tensor, capacity: int) -> None:
@@ -73,44 +109,48 @@ class PreallocatedLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         else:
             self.reserve(key_states.shape[-2])
-        length, new = self.keys.shape[-2], key_states.shape[-2]
+        length, new = self._keys_rows, key_states.shape[-2]
         index = torch.arange(length, length + new, device=key_states.device)
         self.key_buffer.index_copy_(2, index, key_states)
         self.value_buffer.index_copy_(2, index, value_states)
-        self.keys = self.key_buffer[..., : length + new, :]
-        self.values = self.value_buffer[..., : length + new, :]
+        self.view_rows(length + new)
         return self.keys, self.values
 
     def holds_views(self) -> bool:
-        """Whether ``keys`` / ``values`` are still views of the first rows of this layer's buffers."""
-        return all(
-            view is not None and buffer is not None and view.data_ptr() == buffer.data_ptr()
-            and view.shape[:2] == buffer.shape[:2] and view.stride() == buffer.stride()
-            for view, buffer in ((self.keys, self.key_buffer), (self.values, self.value_buffer))
-        )
+        """Whether ``keys`` / ``values`` are still views of the first rows of this layer's buffers (of one length)."""
+        rows = self.__dict__.get("_keys_rows")
+        return rows is not None and rows == self.__dict__.get("_values_rows")
 
     def reserve(self, new_rows: int) -> None:
         """Makes room for ``new_rows`` more rows (doubling the capacity when it must grow) and makes ``keys`` /
         ``values`` views of the buffers again; eager, before a compiled forward."""
         if not self.is_initialized:
             return
-        length = self.keys.shape[-2]
-        needed = length + new_rows
-        if self.holds_views() and needed <= self.capacity:
+        if self.holds_views() and self._keys_rows + new_rows <= self.capacity:
             return
         keys, values = self.keys, self.values
+        length = keys.shape[-2]
+        needed = length + new_rows
         capacity = self.capacity if needed <= self.capacity else max(needed, 2 * self.capacity)
         self._allocate(keys, values, capacity)
         self.key_buffer[..., :length, :] = keys
         self.value_buffer[..., :length, :] = values
-        self.keys = self.key_buffer[..., :length, :]
-        self.values = self.value_buffer[..., :length, :]
+        self.view_rows(length)
 
     def view_rows(self, length: int) -> None:
         """``keys`` / ``values`` become views of the buffers' first ``length`` rows (after a compiled forward wrote
         its rows into the buffers)."""
-        self.keys = self.key_buffer[..., :length, :]
-        self.values = self.value_buffer[..., :length, :]
+        self.__dict__.update(_keys_rows=length, _values_rows=length, _keys_held=None, _values_held=None)
+
+    def keep(self, start: int, rows: torch.Tensor | None, count: int) -> None:
+        """Keeps the first ``start`` rows and then ``count`` more: the buffer rows ``rows`` (moved right after the
+        first ``start``; None: the rows already there). `hf_treespec.kv.tree_kv.keep_rows` for this layer, one index
+        copy per buffer and no view."""
+        if rows is not None:
+            target = torch.arange(start, start + count, device=rows.device)
+            self.key_buffer.index_copy_(2, target, self.key_buffer.index_select(2, rows))
+            self.value_buffer.index_copy_(2, target, self.value_buffer.index_select(2, rows))
+        self.view_rows(start + count)
 
 
 def preallocate(cache, capacity: int) -> None:

@@ -293,6 +293,11 @@ class FeatureDrafter(Drafter):
     def commit(self, tree: DraftTree, accepted: torch.Tensor, features: TargetFeatures | None = None) -> None:
         kv = self._started()
         raw = self._raw_features(features, int(accepted.numel()))
+        if tree.num_nodes == 1 and kv.holds_no_tree_rows:  # a draft-free step: its root joins the pending chain
+            kv.pending = torch.cat([kv.pending, tree.tokens[:1]])  # (no node was expanded: none to forget)
+            self._add_pending(self._root_raw[None])
+            self._set_root(raw[-1])
+            return
         pending_before = int(kv.pending.numel())
         kv.commit(tree, accepted[:1])  # keeps the root's row when it was fed: its input feature was the true one
         if int(kv.pending.numel()) > pending_before:  # root never fed: it joins the pending chain

@@ -106,11 +106,11 @@ class TreeDecodingLoop:
         self.want_scores = self.want_dict and generation_config.output_scores
         self.want_logits = self.want_dict and generation_config.output_logits
         self.mask_dtype = model.dtype  # read once: the property walks the parameters
-        # greedy steps with no processor, no returned scores and no policy reading p pick argmaxes only: those of the
-        # forward's own logits (a bf16 model's cast exactly to fp32 has the same maxima); the cast of a tree step's
-        # rows x vocabulary took 0.25-0.35 ms (bf16, 2-core EPYC)
-        self.argmax_only = not (self.do_sample or len(logits_processor) or self.want_scores or self.want_logits
-                                or "target_probs" in self.needs)
+        # with no processor, no returned scores and no policy reading p, only the verifier reads a step's logits, at
+        # the nodes it visits: the forward's own logits go to it (greedy: a bf16 model's cast exactly to fp32 has the
+        # same maxima; sampling: `target_probs` casts each row it reads), not the rows x vocabulary cast to fp32
+        # (0.25-0.35 ms a tree step, bf16, 2-core EPYC), and no row's logits are kept past the verdict
+        self.lean = not (len(logits_processor) or self.want_scores or self.want_logits or "target_probs" in self.needs)
         self.kv = target_kv(cache, self.prompt_mask, self.windows, engine=compiled)
         # the clock syncs the device only when someone reads its numbers: the caller (return_dict_in_generate), the
         # sizing (auto budgets learn from measured time) or the policy ("latencies" in its context_needs)
@@ -157,7 +157,7 @@ class TreeDecodingLoop:
         for slot, row in enumerate(self.rows):
             done.append(self.append(row, first[slot : slot + 1], processed[slot : slot + 1], logits[slot : slot + 1])[0])
             self.stream(row, 1)
-            row.context = self.step_context(row, states, slot, -1, processed[slot], roots[slot])
+            row.context = self.step_context(row, states, slot, -1, processed[slot : slot + 1], roots[slot])
         self.kv.retire(~torch.tensor(done))
         self.active = [row for row, stop in zip(self.rows, done) if not stop]
 
@@ -189,7 +189,7 @@ class TreeDecodingLoop:
         ids, positions, mask = self.kv.step_inputs(trees, self.mask_dtype, self.device, self.target.explicit_masks)
         step_logits, states = self.target.step(ids, positions, mask)
         self.timer.target_ran()
-        logits = step_logits if self.argmax_only else step_logits.float()
+        logits = step_logits if self.lean else step_logits.float()
         plain = [slot for slot, tree in enumerate(trees) if tree.num_nodes == 1 and not self.want_scores]
         verdicts = self.plain_rows(plain, logits)
         drafted_slots, processed = [], {}
@@ -211,8 +211,8 @@ class TreeDecodingLoop:
             # the path's node indices and tokens reach the device in one copy (they pick the path's logits rows and
             # drafter features; emit appends the tokens)
             path, device_tokens = to_device(self.device, accepted, tokens)
-            verdicts[slot] = RowVerdict(accepted, tokens, logits[slot, path], processed[slot][path], path,
-                                        device_tokens)
+            kept = (None, None) if self.lean else (logits[slot, path], processed[slot][path])
+            verdicts[slot] = RowVerdict(accepted, tokens, *kept, path, device_tokens)
         ordered = [verdicts[slot] for slot in range(len(trees))]
         self.kv.commit([verdict.accepted for verdict in ordered])
         self.timer.verified()
@@ -278,7 +278,7 @@ class TreeDecodingLoop:
             done.append(stopped)
             if not stopped:
                 row.context = self.step_context(row, verification.states, slot, int(verdict.accepted[-1]),
-                                                verdict.processed[-1], int(verdict.tokens[count - 1]))
+                                                verdict.processed, int(verdict.tokens[count - 1]))
         if any(done):
             self.kv.retire(~torch.tensor(done))
             self.active = [row for row, stop in zip(self.active, done) if not stop]
@@ -292,14 +292,15 @@ class TreeDecodingLoop:
         if self.streamer is not None:
             self.streamer.put(row.ids[:, -count:].cpu())
 
-    def step_context(self, row: RowState, states, slot: int, position: int, processed_row: torch.Tensor, root: int
-                     ) -> StepContext:
+    def step_context(self, row: RowState, states, slot: int, position: int, processed: torch.Tensor | None,
+                     root: int) -> StepContext:
         """What the row's next policy call sees: the target at the root's parent (``position`` in ``slot`` of the
-        last forward); ``root`` (the last committed token) from a host copy, never read back from the ids."""
+        last forward; p from the last of the ``processed`` rows); ``root`` (the last committed token) from a host
+        copy, never read back from the ids."""
         return StepContext(
             root_token=root, device=self.device, context_length=row.context_length,
             temperature=self.temperature, top_p=self.top_p,
-            target_probs=processed_row.softmax(-1) if "target_probs" in self.needs else None,
+            target_probs=processed[-1].softmax(-1) if "target_probs" in self.needs else None,
             target_hidden=states.parts[-1][slot, position] if "target_hidden" in self.needs else None,
             draft_seconds=self.timer.draft_mean.value, target_seconds=self.timer.target_mean.value,
         )

@@ -47,15 +47,16 @@ class RowVerdict:
     Attributes:
         accepted: host node indices of the accepted path, root first.
         tokens: host tokens the step commits (the accepted drafts, then the target's next token).
-        raw / processed: ``[len(tokens), V]`` raw and processed target logits along the path.
+        raw / processed: ``[len(tokens), V]`` raw and processed target logits along the path (None for a drafted
+            row of a loop that reads neither: `TreeDecodingLoop.lean`).
         path / device_tokens: ``accepted`` and ``tokens`` on the device (one copy); None for a root-only row.
         stopped: for a plain row, whose token was appended and checked with its group: whether it stopped.
     """
 
     accepted: torch.Tensor
     tokens: torch.Tensor
-    raw: torch.Tensor
-    processed: torch.Tensor
+    raw: torch.Tensor | None
+    processed: torch.Tensor | None
     path: torch.Tensor | None = None
     device_tokens: torch.Tensor | None = None
     stopped: bool | None = None

@@ -58,21 +58,27 @@ def keep_rows(cache: DynamicCache, start: int, rows: torch.Tensor) -> None:
     count = int(rows.numel())
     in_place = bool(torch.equal(rows, torch.arange(count)))
     sources: dict[torch.device, torch.Tensor] = {}  # the row index, moved once per device (not once per layer)
+
+    def source_on(device: torch.device) -> torch.Tensor:
+        if device not in sources:
+            sources[device] = (start + rows).to(device)
+        return sources[device]
+
     for layer in cache.layers:
         if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
             raise ValueError(
                 f"tree speculation needs a plain DynamicCache; got a {type(layer).__name__} layer "
                 "(sliding-window / static caches cannot drop rejected tree rows)."
             )
+        if hasattr(layer, "keep") and layer.holds_views():  # a preallocated layer: its buffers' rows, no views
+            layer.keep(start, None if in_place else source_on(layer.key_buffer.device), count)
+            continue
         if layer.keys is None or layer.keys.numel() == 0:
             continue
         if in_place and layer.keys.shape[-2] == start + count:
             continue  # every row is kept where it is (a fully accepted chain): nothing to move or cut
         if not in_place:
-            device = layer.keys.device
-            if device not in sources:
-                sources[device] = (start + rows).to(device)
-            source = sources[device]
+            source = source_on(layer.keys.device)
             layer.keys[..., start : start + count, :] = layer.keys.index_select(-2, source)
             layer.values[..., start : start + count, :] = layer.values.index_select(-2, source)
         layer.keys = layer.keys[..., : start + count, :]
@@ -104,6 +110,11 @@ class TreeKV:
         """Whether the cache holds exactly the committed tokens (no tree rows, nothing pending): the next token can
         then be fed with plain causal attention, as ``generate`` feeds it."""
         return not self.pending.numel() and not self._row_uids.numel()
+
+    @property
+    def holds_no_tree_rows(self) -> bool:
+        """Whether no tree row was fed since the last commit (the cache holds committed rows only)."""
+        return not self._row_uids.numel()
 
     def append_committed(self, count: int) -> None:
         """Records ``count`` committed tokens appended to the cache by a plain causal forward."""

@@ -358,7 +358,15 @@ def sibling_sequence(
         return tokens, values, None, None
     logq = yield LogprobsRequest(tree, nodes)
     support = (yield SupportRequest()).columns
-    probs = logq.exp()
+    probs = exp_on(logq, support)
     tokens, valid = without_replacement(probs, count, generator, support)
     values = logq.gather(1, tokens).masked_fill(~valid, float("-inf"))
     return tokens, values, probs, support
+
+
+def exp_on(logq: torch.Tensor, support: torch.Tensor | None) -> torch.Tensor:
+    """``logq.exp()``, computed on the ``support`` columns only where the rest is -inf (zeros there): an exp over
+    SmolLM2's 49152 columns, mostly -inf, cost 0.07 ms a row against the draft vocabulary's 8192 (2-core EPYC)."""
+    if support is None:
+        return logq.exp()
+    return logq.new_zeros(logq.shape).index_copy_(-1, support, logq.index_select(-1, support).exp_())

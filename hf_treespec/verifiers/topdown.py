@@ -75,7 +75,8 @@ class TopDownVerifier(Verifier):
         if columns is None:
             return self.solve(p, q, tokens, counts, generator)
         outside = p.index_fill(0, columns, 0)
-        token = self.solve(torch.cat([p[columns], outside.sum()[None]]), torch.cat([q[columns], q.new_zeros(1)]),
+        token = self.solve(torch.cat([p.index_select(0, columns), outside.sum()[None]]),
+                           torch.cat([q.index_select(0, columns), q.new_zeros(1)]),
                            torch.searchsorted(columns, tokens.to(columns.device)), counts, generator)
         return int(columns[token]) if token < columns.numel() else sample(outside, generator)
 
