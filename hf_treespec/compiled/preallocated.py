@@ -116,10 +116,16 @@ class PreallocatedLayer(DynamicLayer):
         self.view_rows(length + new)
         return self.keys, self.values
 
+    @property
+    def rows_in_buffers(self) -> int | None:
+        """How many first rows of the buffers ``keys`` / ``values`` view; None when they hold tensors of their own.
+        Editors read it (and write the buffers) instead of reading ``keys``, which makes a view per read."""
+        rows = self.__dict__.get("_keys_rows")
+        return rows if rows is not None and rows == self.__dict__.get("_values_rows") else None
+
     def holds_views(self) -> bool:
         """Whether ``keys`` / ``values`` are still views of the first rows of this layer's buffers (of one length)."""
-        rows = self.__dict__.get("_keys_rows")
-        return rows is not None and rows == self.__dict__.get("_values_rows")
+        return self.rows_in_buffers is not None
 
     def reserve(self, new_rows: int) -> None:
         """Makes room for ``new_rows`` more rows (doubling the capacity when it must grow) and makes ``keys`` /

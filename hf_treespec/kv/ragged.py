@@ -31,7 +31,10 @@ def _layers(cache: DynamicCache):
                 f"tree speculation needs a plain DynamicCache; got a {type(layer).__name__} layer "
                 "(sliding-window / static caches cannot drop rejected tree rows)."
             )
-        if layer.keys is not None and layer.keys.numel():
+        rows = getattr(layer, "rows_in_buffers", None)  # a preallocated layer's count (reading keys makes a view)
+        if rows is None:
+            rows = 0 if layer.keys is None else layer.keys.numel()
+        if rows:
             yield layer
 
 
@@ -125,15 +128,19 @@ class RaggedKV:
         any_moves = bool(moves.any())
         indices: dict[torch.device, tuple[torch.Tensor, ...]] = {}  # moved once per device, not once per layer
         for layer in _layers(self.cache):
+            buffered = getattr(layer, "rows_in_buffers", None) is not None  # moved in its buffers, cut by a count
+            keys, values = (layer.key_buffer, layer.value_buffer) if buffered else (layer.keys, layer.values)
             if any_moves:
-                device = layer.keys.device
+                device = keys.device
                 if device not in indices:
                     indices[device] = to_device(device, batch_idx[moves], destination[moves], source[moves])
                 b, dst, src = indices[device]
-                layer.keys[b, :, dst] = layer.keys[b, :, src]
-                layer.values[b, :, dst] = layer.values[b, :, src]
-            layer.keys = layer.keys[..., :new_width, :]
-            layer.values = layer.values[..., :new_width, :]
+                keys[b, :, dst] = keys[b, :, src]
+                values[b, :, dst] = values[b, :, src]
+            if buffered:
+                layer.view_rows(new_width)
+            else:
+                layer.keys, layer.values = keys[..., :new_width, :], values[..., :new_width, :]
 
     def retire(self, keep: torch.Tensor) -> None:
         """Drops the active rows not in ``keep`` (bool ``[B]``) from the cache; their committed KV is set aside for

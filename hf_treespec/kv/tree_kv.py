@@ -70,7 +70,7 @@ def keep_rows(cache: DynamicCache, start: int, rows: torch.Tensor) -> None:
                 f"tree speculation needs a plain DynamicCache; got a {type(layer).__name__} layer "
                 "(sliding-window / static caches cannot drop rejected tree rows)."
             )
-        if hasattr(layer, "keep") and layer.holds_views():  # a preallocated layer: its buffers' rows, no views
+        if getattr(layer, "rows_in_buffers", None) is not None:  # a preallocated layer: its buffers' rows, no views
             layer.keep(start, None if in_place else source_on(layer.key_buffer.device), count)
             continue
         if layer.keys is None or layer.keys.numel() == 0:
