@@ -35,4 +35,8 @@ if [ ! -e $OUT/host_time_before.txt ]; then
   PYTHONPATH="$before" python $OUT/host_time.py > $OUT/host_time_before.txt.part
   mv $OUT/host_time_before.txt.part $OUT/host_time_before.txt; git worktree remove --force "$before"
 fi
+# 5. after a fix of the batch path (commit b9660f04: a view made per keys / values read in RaggedKV's
+# commit): host time per step again, and the batch-4 greedy bench
 [ -e $OUT/host_time_2.txt ] || python $OUT/host_time.py > $OUT/host_time_2.txt
+run b4-greedy-2 --num-questions 8 --batch-size 4 --methods \
+  "plain$C,tree:salf$C,tree:salf$C@tree_budget=1,tree:salf$C@tree_budget=2"
