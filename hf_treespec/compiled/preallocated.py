@@ -109,7 +109,7 @@ class PreallocatedLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         else:
             self.reserve(key_states.shape[-2])
-        length, new = self._keys_rows, key_states.shape[-2]
+        length, new = self.rows_in_buffers, key_states.shape[-2]
         index = torch.arange(length, length + new, device=key_states.device)
         self.key_buffer.index_copy_(2, index, key_states)
         self.value_buffer.index_copy_(2, index, value_states)
@@ -132,7 +132,8 @@ class PreallocatedLayer(DynamicLayer):
         ``values`` views of the buffers again; eager, before a compiled forward."""
         if not self.is_initialized:
             return
-        if self.holds_views() and self._keys_rows + new_rows <= self.capacity:
+        rows = self.rows_in_buffers
+        if rows is not None and rows + new_rows <= self.capacity:
             return
         keys, values = self.keys, self.values
         length = keys.shape[-2]

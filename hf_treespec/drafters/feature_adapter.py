@@ -293,17 +293,14 @@ class FeatureDrafter(Drafter):
     def commit(self, tree: DraftTree, accepted: torch.Tensor, features: TargetFeatures | None = None) -> None:
         kv = self._started()
         raw = self._raw_features(features, int(accepted.numel()))
-        if tree.num_nodes == 1 and kv.holds_no_tree_rows:  # a draft-free step: its root joins the pending chain
-            kv.pending = torch.cat([kv.pending, tree.tokens[:1]])  # (no node was expanded: none to forget)
-            self._add_pending(self._root_raw[None])
-            self._set_root(raw[-1])
-            return
+        expanded = not kv.holds_no_tree_rows  # nodes were fed this step (a draft-free step feeds none)
         pending_before = int(kv.pending.numel())
         kv.commit(tree, accepted[:1])  # keeps the root's row when it was fed: its input feature was the true one
         if int(kv.pending.numel()) > pending_before:  # root never fed: it joins the pending chain
             self._add_pending(self._root_raw[None])
-        kv.pending = torch.cat([kv.pending, tree.tokens[accepted[1:].cpu()]])
         if accepted.numel() > 1:  # accepted[i + 1] pairs with the target state at accepted[i]
+            kv.pending = torch.cat([kv.pending, tree.tokens[accepted[1:].cpu()]])
             self._add_pending(raw[:-1])
         self._set_root(raw[-1])
-        self._reset_nodes()
+        if expanded:  # their output features are forgotten (none is known after a draft-free step)
+            self._reset_nodes()

@@ -181,6 +181,9 @@ class TreeKV:
     def commit(self, tree: DraftTree, accepted: torch.Tensor) -> None:
         """Keeps the cache rows of the accepted path (root first); its un-fed tail becomes pending."""
         accepted = accepted.cpu()
+        if self.holds_no_tree_rows:  # nothing of the tree was fed (a draft-free step): the whole path is pending
+            self.pending = torch.cat([self.pending, tree.tokens[accepted]])
+            return
         uids = tree.uids[accepted]
         row_of_uid = torch.full((tree.next_uid,), -1, dtype=torch.long)
         row_of_uid[self._row_uids] = torch.arange(self._row_uids.numel())
@@ -188,8 +191,7 @@ class TreeKV:
         num_cached = int((rows >= 0).sum())
         if not bool((rows[:num_cached] >= 0).all()):
             raise RuntimeError("fed nodes of an accepted path must form a prefix of it")
-        if self._row_uids.numel():
-            keep_rows(self.cache, self.committed, rows[:num_cached])
+        keep_rows(self.cache, self.committed, rows[:num_cached])
         self.committed += num_cached
         self.pending = torch.cat([self.pending, tree.tokens[accepted[num_cached:]]])
         self._row_uids = self._row_uids[:0]
