@@ -65,8 +65,14 @@ def curve(seconds_per_rows) -> CostCurve:
     return CostCurve(sizes, [256], [[seconds_per_rows(n) for n in sizes]])
 
 
-STEEP = curve(lambda n: 0.05 * n)  # every extra row costs a full step: no tree can pay
-FLAT = curve(lambda n: 0.05 + 0.0001 * n)  # a GPU: 100 rows for the price of one
+# fresh curves for every use: a speed model moves its curve towards what it measures (`CostCurve.observe`), so a
+# shared module-level one would carry what one test observed into the next test's pricing
+def steep_curve() -> CostCurve:
+    return curve(lambda n: 0.05 * n)  # every extra row costs a full step: no tree can pay
+
+
+def flat_curve() -> CostCurve:
+    return curve(lambda n: 0.05 + 0.0001 * n)  # a GPU: 100 rows for the price of one
 
 
 def context_for(speed: SpeedModel) -> StepContext:
@@ -82,12 +88,12 @@ def auto_policy(cls, speed: SpeedModel, **kwargs):
 @pytest.mark.parametrize("policy", ["salf", "optimal", "eagle2"])
 def test_steep_curve_drafts_nothing_flat_curve_grows_large_trees(policy):
     cls = POLICIES.get(policy)
-    steep = SpeedModel(STEEP, draft_prior=0.02 / 0.05)
+    steep = SpeedModel(steep_curve(), draft_prior=0.02 / 0.05)
     source = PeakedSource()
     tree = auto_policy(cls, steep).build(source, 3, context=context_for(steep))
     assert tree.num_nodes == 1 and source.calls == 0  # the drafter never ran
 
-    flat = SpeedModel(FLAT, draft_prior=0.001 / 0.05)
+    flat = SpeedModel(flat_curve(), draft_prior=0.001 / 0.05)
     tree = auto_policy(cls, flat).build(PeakedSource(), 3, context=context_for(flat))
     assert tree.num_nodes - 1 >= 20
 
@@ -117,11 +123,11 @@ def test_sampled_policies_take_only_auto_as_budget(policy):
 def test_sampled_shape_by_cost(policy, bound):
     """Steep curve: no drafts; flat curve and a good drafter: a wide, deep shape."""
     cls = POLICIES.get(policy)
-    steep = SpeedModel(STEEP, draft_prior=0.02 / 0.05)
+    steep = SpeedModel(steep_curve(), draft_prior=0.02 / 0.05)
     source = PeakedSource()
     tree = auto_policy(cls, steep, do_sample=True, **bound).build(source, 3, context=context_for(steep))
     assert tree.num_nodes == 1 and source.calls == 0
-    flat = SpeedModel(FLAT, draft_prior=0.001 / 0.05)
+    flat = SpeedModel(flat_curve(), draft_prior=0.001 / 0.05)
     for _ in range(50):  # a drafter whose chains are accepted 4 deep out of 4
         flat.depth_acceptance.observe(1, 4, 4)
     assert flat.depth_acceptance.alpha > 0.9
@@ -148,7 +154,7 @@ def test_sampled_auto_greedy_identical_and_sampling_runs(target, drafters, promp
     draft, so the identity is one of trees, not of draft-free steps."""
     monkeypatch.setenv("HF_TREESPEC_CACHE", str(tmp_path))
     monkeypatch.setattr("hf_treespec.cost.speed_model.load_or_calibrate",
-                        lambda m, cache_dir=None, compiled=None, batch=1: CostCurve.from_json(FLAT.to_json()))
+                        lambda m, cache_dir=None, compiled=None, batch=1: flat_curve())
     plain = target.generate(prompt, do_sample=False, max_new_tokens=30)
     out = target.generate(prompt, assistant_model=drafters["truncated"], tree_policy=policy, tree_budget="auto",
                           do_sample=False, max_new_tokens=30, return_dict_in_generate=True)
@@ -226,7 +232,7 @@ class WideSource(DraftSource):
 
 @pytest.mark.parametrize("policy", ["salf", "optimal"])
 def test_auto_drafts_at_most_max_children_per_node(policy):
-    flat = SpeedModel(FLAT, draft_prior=0.001 / 0.05)
+    flat = SpeedModel(flat_curve(), draft_prior=0.001 / 0.05)
     context = context_for(flat)
     tree = auto_policy(POLICIES.get(policy), flat).build(WideSource(), 3, context=context)
     children = torch.bincount(tree.parents[1:], minlength=tree.num_nodes)
@@ -461,9 +467,9 @@ def test_the_sizing_learns_each_step_with_its_host_tail(target, drafters, prompt
         original(self, **step)
 
     monkeypatch.setattr(SpeedModel, "observe_step", record)
-    monkeypatch.setattr("hf_treespec.cost.speed_model.load_or_calibrate", lambda model, *a, **k: FLAT)
+    monkeypatch.setattr("hf_treespec.cost.speed_model.load_or_calibrate", lambda model, *a, **k: flat_curve())
     forget_speed_models(target)  # a fresh speed model: what earlier tests taught it may switch drafting off
-    out = target.generate(prompt, do_sample=False, max_new_tokens=12, assistant_model=drafters["perturbed"],
+    out = target.generate(prompt, do_sample=False, max_new_tokens=12, assistant_model=drafters["truncated"],
                           tree_policy="salf", return_dict_in_generate=True)
     assert_drafted(out)
     assert len(seen) == len(out.tree_sizes)
@@ -489,7 +495,7 @@ def test_a_step_that_ran_the_drafter_but_kept_no_node_counts_as_drafted():
 
 
 def test_best_child_probability_is_learned_from_drafted_trees():
-    speed = SpeedModel(STEEP)
+    speed = SpeedModel(steep_curve())
     assert speed.child_logprob == pytest.approx(math.log(0.5))  # the prior
     # root -> 0.6 (best), 0.3; node 1 -> 0.2 (its only child); node 2 and 3 are leaves
     tree = hand_tree([0.6, 0.3, 0.2], [0, 0, 1])
@@ -609,11 +615,11 @@ def test_greedy_auto_identical_to_plain(target, drafters, prompt, policy, curve_
     model = hf_treespec.enable(type(target)(target.config).eval())
     model.load_state_dict(target.state_dict())
     if curve_kind != "measured":  # pin the curve so both step kinds are exercised deterministically
-        pinned = STEEP if curve_kind == "steep" else FLAT
+        pinned = steep_curve if curve_kind == "steep" else flat_curve
         # and no control: its measured draft-free rate (this tiny model's real one) would judge the pinned trees
         monkeypatch.setattr(SpeedModel, "_controlling", lambda self: False)
         monkeypatch.setattr("hf_treespec.cost.speed_model.load_or_calibrate",
-                            lambda m, cache_dir=None, compiled=None, batch=1: CostCurve.from_json(pinned.to_json()))
+                            lambda m, cache_dir=None, compiled=None, batch=1: pinned())
     plain = model.generate(prompt, do_sample=False, max_new_tokens=40)
     masks = []  # the attention_mask of every target forward: None for a draft-free step, like plain generate's
     hook = model.register_forward_pre_hook(lambda m, args, kwargs: masks.append(kwargs.get("attention_mask")),
@@ -694,7 +700,7 @@ def test_draft_free_steps_then_drafting_with_a_feature_drafter(target, prompt, t
 
     monkeypatch.setenv("HF_TREESPEC_CACHE", str(tmp_path))
     monkeypatch.setattr("hf_treespec.cost.speed_model.load_or_calibrate",
-                        lambda m, cache_dir=None, compiled=None, batch=1: CostCurve.from_json(STEEP.to_json()))
+                        lambda m, cache_dir=None, compiled=None, batch=1: steep_curve())
     monkeypatch.setattr("hf_treespec.cost.speed_model.PROBE_BUDGET", 1e9)  # re-probe on the step count alone
     monkeypatch.delitem(target.__dict__, "_treespec_speed_models", raising=False)  # no curve an earlier test set
     drafter = make_drafter(target, seed=2, target_layers=[0, 2, 3], draft_vocab_size=40)
@@ -736,7 +742,7 @@ def test_each_policy_learns_its_own_speed_model(target, drafters, prompt, tmp_pa
     settings keep separate speed models, so one policy's trees never size the other's."""
     monkeypatch.setenv("HF_TREESPEC_CACHE", str(tmp_path))
     monkeypatch.setattr("hf_treespec.cost.speed_model.load_or_calibrate",
-                        lambda m, cache_dir=None, compiled=None, batch=1: CostCurve.from_json(FLAT.to_json()))
+                        lambda m, cache_dir=None, compiled=None, batch=1: flat_curve())
     monkeypatch.delitem(target.__dict__, "_treespec_speed_models", raising=False)
     drafter = drafters["truncated"]  # half the target: priced to pay on a flat curve
     for policy in ("salf", "eagle2"):
@@ -773,7 +779,7 @@ def _priced_outcome(sizes: list[int], rounds: int) -> StepOutcome:
 def test_steps_after_the_first_priced_ones_hold_a_size_from_the_ladder():
     # the cost rule prices every expansion of the first PRICED_START drafting steps; then the ladder starts at the
     # size nearest their median and held steps grow its sizes without pricing
-    speed = SpeedModel(FLAT)
+    speed = SpeedModel(flat_curve())
     for _ in range(CONTROL_STEPS):  # the draft-free rate measured: no control interrupts the drafting steps
         speed.observe_step(tree_scores=torch.zeros(0), on_path=torch.zeros(0, dtype=torch.bool), rows=1,
                            context=256, draft_seconds=0.0, draft_forwards=0, verify_seconds=0.02, tokens=1)
