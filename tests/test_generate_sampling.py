@@ -23,19 +23,20 @@ UNWARPED = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0)
 @torch.no_grad()
 def exact_law(model, prefix: torch.Tensor = PROMPT, length: int = 3, warped: bool = True
               ) -> dict[tuple[int, ...], float]:
-    """The law of the next ``length`` tokens: under `WARP` (``warped``), else under `UNWARPED`."""
+    """The law of the next ``length`` tokens: under `WARP` (``warped``), else under `UNWARPED`. One batched forward
+    per position over every continuation of nonzero probability so far (4096 of them at the third unwarped token)."""
     from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper
 
     warp = LogitsProcessorList([TemperatureLogitsWarper(1.2), TopKLogitsWarper(3)] if warped else [])
-    probs = warp(prefix, model(prefix).logits[:, -1]).softmax(-1)[0]
-    law = {}
-    for token in probs.nonzero().squeeze(-1).tolist():
-        if length == 1:
-            law[(token,)] = float(probs[token])
-            continue
-        tail = exact_law(model, torch.cat([prefix, torch.tensor([[token]])], 1), length - 1, warped)
-        law.update({(token, *rest): float(probs[token]) * p for rest, p in tail.items()})
-    return law
+    paths, probs = prefix.new_zeros(1, 0), torch.ones(1, dtype=torch.float64)
+    with torch.no_grad():
+        for _ in range(length):
+            inputs = torch.cat([prefix.expand(paths.shape[0], -1), paths], 1)
+            step = warp(inputs, model(inputs).logits[:, -1]).softmax(-1)
+            row, token = step.nonzero(as_tuple=True)
+            probs = probs[row] * step[row, token].double()
+            paths = torch.cat([paths[row], token[:, None]], 1)
+    return dict(zip(map(tuple, paths.tolist()), probs.tolist()))
 
 
 def chi_square_pvalue(counts: dict, law: dict, n: int) -> float:
