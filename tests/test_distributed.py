@@ -133,6 +133,7 @@ def assert_same_weights(first: Path, second: Path) -> None:
 CPU_DDP_RESUMES = version.parse(transformers.__version__) >= version.parse("5.24")
 
 
+@pytest.mark.slow  # two launched processes each: ~20-35 s apiece on 2 cores
 def test_talf_under_accelerate_matches_one_process_and_resumes(workspace, tmp_path, capsys):
     run = train_cli(workspace / "target", capsys)
     # a constant learning rate: the interrupted run's schedule (--max-steps 2) is the full run's
@@ -170,6 +171,7 @@ def test_talf_under_accelerate_matches_one_process_and_resumes(workspace, tmp_pa
     assert_same_weights(single_dir, ddp_dir)
 
 
+@pytest.mark.slow  # two launched processes each: ~20-35 s apiece on 2 cores
 def test_a_time_budget_stops_every_process_after_the_same_step(workspace, tmp_path):
     """``--max-train-seconds`` under two processes: both read the slower clock, so they stop after the same step
     (a process stopping alone would leave the other waiting in the gradient all-reduce) and save one drafter."""
@@ -181,6 +183,7 @@ def test_a_time_budget_stops_every_process_after_the_same_step(workspace, tmp_pa
     assert (out / "model.safetensors").is_file()
 
 
+@pytest.mark.slow  # two launched processes each: ~20-35 s apiece on 2 cores
 def test_gto_under_accelerate_matches_one_process(workspace, tmp_path, capsys):
     run = train_cli(workspace / "target", capsys)
     # small trees; without debiasing the GTO term has a gradient from the first step (the reference's trees equal
