@@ -123,10 +123,6 @@ class PreallocatedLayer(DynamicLayer):
         rows = self.__dict__.get("_keys_rows")
         return rows if rows is not None and rows == self.__dict__.get("_values_rows") else None
 
-    def holds_views(self) -> bool:
-        """Whether ``keys`` / ``values`` are still views of the first rows of this layer's buffers (of one length)."""
-        return self.rows_in_buffers is not None
-
     def reserve(self, new_rows: int) -> None:
         """Makes room for ``new_rows`` more rows (doubling the capacity when it must grow) and makes ``keys`` /
         ``values`` views of the buffers again; eager, before a compiled forward."""

@@ -19,7 +19,7 @@ import torch
 from transformers import DynamicCache
 
 from ..attention import additive_mask
-from .tree_kv import to_device
+from .tree_kv import buffered_rows, to_device
 from .window import TreeWindows
 from ..tree import DraftTree
 
@@ -31,7 +31,7 @@ def _layers(cache: DynamicCache):
                 f"tree speculation needs a plain DynamicCache; got a {type(layer).__name__} layer "
                 "(sliding-window / static caches cannot drop rejected tree rows)."
             )
-        rows = getattr(layer, "rows_in_buffers", None)  # a preallocated layer's count (reading keys makes a view)
+        rows = buffered_rows(layer)
         if rows is None:
             rows = 0 if layer.keys is None else layer.keys.numel()
         if rows:
@@ -128,7 +128,7 @@ class RaggedKV:
         any_moves = bool(moves.any())
         indices: dict[torch.device, tuple[torch.Tensor, ...]] = {}  # moved once per device, not once per layer
         for layer in _layers(self.cache):
-            buffered = getattr(layer, "rows_in_buffers", None) is not None  # moved in its buffers, cut by a count
+            buffered = buffered_rows(layer) is not None  # moved in its buffers, cut by a count
             keys, values = (layer.key_buffer, layer.value_buffer) if buffered else (layer.keys, layer.values)
             if any_moves:
                 device = keys.device

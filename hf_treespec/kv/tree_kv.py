@@ -47,6 +47,13 @@ def unpack(buffer: torch.Tensor, like: tuple[torch.Tensor, ...]) -> tuple[torch.
     return tuple(out)
 
 
+def buffered_rows(layer) -> int | None:
+    """How many rows a preallocated layer's ``keys`` / ``values`` view of its buffers
+    (`hf_treespec.compiled.preallocated.PreallocatedLayer.rows_in_buffers`); None for any other layer, or one holding
+    tensors of its own. Editors of the cache read this count and write the buffers: reading ``keys`` makes a view."""
+    return getattr(layer, "rows_in_buffers", None)
+
+
 def keep_rows(cache: DynamicCache, start: int, rows: torch.Tensor) -> None:
     """Keeps the first ``start`` rows and the rows ``start + rows`` (ascending) of every layer of ``cache``, in place.
 
@@ -70,7 +77,7 @@ def keep_rows(cache: DynamicCache, start: int, rows: torch.Tensor) -> None:
                 f"tree speculation needs a plain DynamicCache; got a {type(layer).__name__} layer "
                 "(sliding-window / static caches cannot drop rejected tree rows)."
             )
-        if getattr(layer, "rows_in_buffers", None) is not None:  # a preallocated layer: its buffers' rows, no views
+        if buffered_rows(layer) is not None:  # a preallocated layer: its buffers' rows, no views
             layer.keep(start, None if in_place else source_on(layer.key_buffer.device), count)
             continue
         if layer.keys is None or layer.keys.numel() == 0:
