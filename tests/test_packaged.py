@@ -203,6 +203,40 @@ def test_without_a_compiler_decoding_is_eager_with_one_warning(monkeypatch, capl
     torch.testing.assert_close(out, expected)
 
 
+class _Loader:
+    """A package runner's loader: its call specs and a run that records the flat inputs it was handed."""
+
+    def __init__(self, inputs, outputs):
+        from torch.utils import _pytree as pytree
+
+        flat, self.out_spec = pytree.tree_flatten(outputs)
+        self.outputs, self.seen = flat, None
+        self.specs = (pytree.treespec_dumps(pytree.tree_structure((inputs, {}))), pytree.treespec_dumps(self.out_spec))
+
+    def get_call_spec(self):
+        return self.specs
+
+    def boxed_run(self, flat):
+        self.seen = flat
+        return self.outputs
+
+
+def test_the_flat_call_hands_the_runner_the_exported_order_and_rebuilds_the_outputs():
+    """`FlatCall`: the step's tensors in the order export flattened them (extra by name, as exported); outputs in
+    the exported structure; a package exported for another structure keeps the runner's own call."""
+    t = [torch.full((1,), float(i)) for i in range(12)]
+    inputs = (t[0], t[1], t[2], t[3], [t[4], t[5]], [t[6], t[7]], {"features": t[8], "other": t[9]})
+    outputs = ((t[10], t[11]), (t[0],))
+    loader = _Loader(inputs, outputs)
+    runner = type("Runner", (), {"loader": loader})()
+    call = packaged.FlatCall.of(runner, inputs)
+    got = call((t[0], t[1], t[2], t[3], [t[4], t[5]], [t[6], t[7]], {"other": t[9], "features": t[8]}))
+    assert [int(x) for x in loader.seen] == list(range(10))
+    assert got == outputs
+    assert packaged.FlatCall.of(runner, inputs[:-1] + ({"features": t[8]},)) is None
+    assert packaged.FlatCall.of(object(), inputs) is None
+
+
 @pytest.fixture(scope="module")
 def packaged_pair():
     """A tiny fp32 target whose compiled steps run through packages (built once in the session's cache)."""
@@ -230,5 +264,6 @@ def test_every_policy_through_packages_equals_plain_decoding_through_them(packag
     assert_drafted(out)
     compiled = next(iter(model._treespec_compiled_forwards.values()))
     assert compiled._packages and compiled.package_failure is None and compiled.failure is None
+    assert all(package.flat is not None for package in compiled._packages.values())  # the flat calls ran
     assert torch.equal(out.sequences, plain)
     assert torch.equal(plain, model.generate(**common))
