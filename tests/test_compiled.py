@@ -18,6 +18,9 @@ from conftest import assert_drafted, fixed_budget, perturbed_copy, tiny_llama
 from transformers import CompileConfig, DynamicCache
 
 import hf_treespec
+from hf_treespec.compiled import row_moves
+from hf_treespec.compiled.cpp_ops import has_compiler
+from hf_treespec.kv import tree_kv
 from hf_treespec.kv.tree_kv import keep_rows
 from hf_treespec.compat import CACHE_KWARG
 from hf_treespec.compiled import CompileSettings, PreallocatedLayer, compiled_forward_for, preallocate, release
@@ -49,9 +52,19 @@ def inductor():
     release(model)
 
 
-def test_preallocated_layers_decode_like_dynamic_ones():
+@pytest.mark.parametrize("one_op", [True, False], ids=["row-moves-op", "torch-ops"])
+def test_preallocated_layers_decode_like_dynamic_ones(monkeypatch, one_op):
     """Eager: a cache of `PreallocatedLayer` s (capacity 4: it must grow), edited by keep_rows and by a replacement
-    of its views (as RaggedKV.retire does), gives the logits of a DynamicCache step for step."""
+    of its views (as RaggedKV.retire does), gives the logits of a DynamicCache step for step; the preallocated
+    buffers' rows moved by the one-call op (`row_moves`) or, without it, by each layer's torch ops."""
+    calls = []
+    if one_op:
+        if not has_compiler():
+            pytest.skip("the row-moves op needs a C++ compiler")
+        real = tree_kv.move_rows
+        monkeypatch.setattr(tree_kv, "move_rows", lambda *args: (calls.append(len(args[0])), real(*args)))
+    else:
+        monkeypatch.setattr(tree_kv, "moves_in_one_op", lambda buffers: False)
     model = tiny_llama(seed=5)
     torch.manual_seed(0)
     caches = [DynamicCache(config=model.config), DynamicCache(config=model.config)]
@@ -76,6 +89,27 @@ def test_preallocated_layers_decode_like_dynamic_ones():
     layer = caches[1].layers[0]
     assert isinstance(layer, PreallocatedLayer) and layer.capacity >= layer.keys.shape[-2] > 4
     assert layer.rows_in_buffers is not None  # views of its buffers again
+    assert bool(calls) == one_op  # the moved paths went through the op (every layer's two buffers in one call)
+    assert not calls or max(calls) == 2 * len(caches[1].layers)
+
+
+@pytest.mark.skipif(not has_compiler(), reason="the row-moves op needs a C++ compiler")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_row_moves_op_moves_rows_as_torch_indexing_does(dtype):
+    """`row_moves.move_rows`: every buffer's rows as ``buffer[b, :, dst] = buffer[b, :, src]`` (sources read before
+    any write: a move's destination may be another's source); a move outside a buffer is refused by name."""
+    torch.manual_seed(0)
+    buffers = [torch.randn(3, 2, 10, 8).to(dtype) for _ in range(4)]
+    batch, source, destination = torch.tensor([0, 0, 2, 1, 2]), torch.tensor([5, 7, 3, 9, 4]), torch.tensor([3, 5, 2, 0, 3])
+    expected = [buffer.clone() for buffer in buffers]
+    for buffer in expected:
+        buffer[batch, :, destination] = buffer[batch, :, source]
+    row_moves.move_rows(buffers, batch, source, destination)
+    for got, want in zip(buffers, expected):
+        assert torch.equal(got, want)
+    assert row_moves.moves_in_one_op(buffers) and not row_moves.moves_in_one_op([buffers[0][:, :, :4]])
+    with pytest.raises(RuntimeError, match="a move outside the buffer"):
+        row_moves.move_rows(buffers, torch.tensor([0]), torch.tensor([10]), torch.tensor([0]))
 
 
 def test_preallocate_refuses_a_filled_or_sliding_cache():
@@ -108,7 +142,14 @@ def test_compiled_greedy_equals_compiled_plain_decoding(traced, policy, budget):
     assert torch.equal(out.sequences, plain)
 
 
-def test_compiled_batch_equals_plain_batched_generate(traced):
+def test_compiled_batch_equals_plain_batched_generate(traced, monkeypatch):
+    """A left-padded batch through the compiled steps equals plain batched ``generate``; its cache's row moves
+    (`RaggedKV.commit`) ran through the one-call op where it is built."""
+    from hf_treespec.kv import ragged
+
+    calls = []
+    real = ragged.move_rows
+    monkeypatch.setattr(ragged, "move_rows", lambda *args: (calls.append(len(args[0])), real(*args)))
     model, drafter = traced
     ids = torch.randint(1, 64, (3, 10), generator=torch.Generator().manual_seed(2))
     mask = torch.ones_like(ids)
@@ -124,6 +165,7 @@ def test_compiled_batch_equals_plain_batched_generate(traced):
                              return_dict_in_generate=True, **fixed_budget(policy, 6))
         assert_drafted(out)
         assert torch.equal(out.sequences, plain), policy
+    assert bool(calls) == has_compiler() and set(calls) <= {2 * model.config.num_hidden_layers}
 
 
 def test_the_prompt_runs_through_the_compiled_graphs_in_chunks(traced, monkeypatch):

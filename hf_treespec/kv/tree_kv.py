@@ -12,6 +12,7 @@ import torch
 from transformers import DynamicCache
 
 from ..attention import float_mask
+from ..compiled.row_moves import move_rows, moves_in_one_op
 from ..tree import DraftTree
 
 
@@ -60,10 +61,13 @@ def keep_rows(cache: DynamicCache, start: int, rows: torch.Tensor) -> None:
     Only the kept tree rows are moved (written right after the prefix); the rest is cut with a view, as
     ``DynamicCache.crop`` does, so a step costs O(accepted rows), not a copy of the whole cache. A chain whose
     accepted rows already follow the prefix moves nothing, and a layer that holds exactly the kept rows is untouched.
+    Preallocated layers' buffers move in one op call (`hf_treespec.compiled.row_moves`) where it is built.
     """
     rows = rows.cpu()
     count = int(rows.numel())
     in_place = bool(torch.equal(rows, torch.arange(count)))
+    layers = list(_tree_layers(cache))
+    moved = not in_place and _move_buffered_rows(layers, start, rows)
     sources: dict[torch.device, torch.Tensor] = {}  # the row index, moved once per device (not once per layer)
 
     def source_on(device: torch.device) -> torch.Tensor:
@@ -71,14 +75,9 @@ def keep_rows(cache: DynamicCache, start: int, rows: torch.Tensor) -> None:
             sources[device] = (start + rows).to(device)
         return sources[device]
 
-    for layer in cache.layers:
-        if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
-            raise ValueError(
-                f"tree speculation needs a plain DynamicCache; got a {type(layer).__name__} layer "
-                "(sliding-window / static caches cannot drop rejected tree rows)."
-            )
+    for layer in layers:
         if buffered_rows(layer) is not None:  # a preallocated layer: its buffers' rows, no views
-            layer.keep(start, None if in_place else source_on(layer.key_buffer.device), count)
+            layer.keep(start, None if in_place or moved else source_on(layer.key_buffer.device), count)
             continue
         if layer.keys is None or layer.keys.numel() == 0:
             continue
@@ -90,6 +89,30 @@ def keep_rows(cache: DynamicCache, start: int, rows: torch.Tensor) -> None:
             layer.values[..., start : start + count, :] = layer.values.index_select(-2, source)
         layer.keys = layer.keys[..., : start + count, :]
         layer.values = layer.values[..., : start + count, :]
+
+
+def _tree_layers(cache: DynamicCache):
+    """The cache's layers, refused (before any is edited) where one cannot drop rejected tree rows."""
+    for layer in cache.layers:
+        if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
+            raise ValueError(
+                f"tree speculation needs a plain DynamicCache; got a {type(layer).__name__} layer "
+                "(sliding-window / static caches cannot drop rejected tree rows)."
+            )
+        yield layer
+
+
+def _move_buffered_rows(layers: list, start: int, rows: torch.Tensor) -> bool:
+    """Moves the rows ``start + rows`` to ``start...`` in every preallocated layer's buffers (each batch row alike)
+    in one op call; False where the op does not serve them (the layers then move their own rows)."""
+    buffers = [buffer for layer in layers if buffered_rows(layer) is not None
+               for buffer in (layer.key_buffer, layer.value_buffer)]
+    if not moves_in_one_op(buffers):
+        return False
+    batch, count = buffers[0].shape[0], int(rows.numel())
+    move_rows(buffers, torch.arange(batch).repeat_interleave(count), (start + rows).repeat(batch),
+              torch.arange(start, start + count).repeat(batch))
+    return True
 
 
 class TreeKV:
