@@ -2,7 +2,7 @@
 # Tree steps over plain decoding through the same compiled steps (the packaged graphs called with their flat tensors),
 # on a 2-core CPU with avx512_bf16 (bf16, 2 threads). Held-out ShareGPT prompts (the shipped drafter's dev split), 64 new tokens, 3 repeats (median
 # kept), methods interleaved per question: 1. T=1 at batch 1 (six questions); 2. batch 4 greedy (eight questions in
-# left-padded batches of four); 3. the compiled target's row curve (`calibrate --compile`, batch 1 and 4).
+# left-padded batches of four); 3. the compiled target's row curve (`calibrate --compile`); 4-5 below.
 # Packages go to $PACKAGE_CACHE (default /tmp/hf_treespec_flat_calls). Resumable: a part whose output exists is
 # skipped.
 set -euo pipefail
@@ -26,3 +26,7 @@ if [ ! -e "$OUT/curve/compiled_curve.json" ]; then
   hf-treespec calibrate --compile --dtype bf16 --sizes 1,2,4,5,6,7,8,10,12,16 --contexts 200 --repeats 7 \
     --batch-size 4 --out "$OUT/curve" > "$OUT/curve.md.tmp" && mv "$OUT/curve.md.tmp" "$OUT/curve.md"
 fi
+# 4. the machine's compute peak and memory rate beside the few-rows linear's; 5. host time with and without the two
+# host cuts (flat package calls, row moves in one op), interleaved in one process
+[ -e "$OUT/kernel_peak.txt" ] || { python "$OUT/kernel_peak.py" > "$OUT/kernel_peak.tmp" && mv "$OUT/kernel_peak.tmp" "$OUT/kernel_peak.txt"; }
+[ -e "$OUT/host_ab.txt" ] || { python "$OUT/host_ab.py" > "$OUT/host_ab.tmp" && mv "$OUT/host_ab.tmp" "$OUT/host_ab.txt"; }
