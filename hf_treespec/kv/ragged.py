@@ -20,18 +20,14 @@ from transformers import DynamicCache
 
 from ..attention import additive_mask
 from ..compiled.row_moves import move_rows, moves_in_one_op
-from .tree_kv import buffered_rows, to_device
+from .tree_kv import buffered_rows, to_device, tree_layers
 from .window import TreeWindows
 from ..tree import DraftTree
 
 
 def _layers(cache: DynamicCache):
-    for layer in cache.layers:
-        if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
-            raise ValueError(
-                f"tree speculation needs a plain DynamicCache; got a {type(layer).__name__} layer "
-                "(sliding-window / static caches cannot drop rejected tree rows)."
-            )
+    """The cache's layers that hold rows (`tree_layers`: refused where one cannot drop rejected tree rows)."""
+    for layer in tree_layers(cache):
         rows = buffered_rows(layer)
         if rows is None:
             rows = 0 if layer.keys is None else layer.keys.numel()

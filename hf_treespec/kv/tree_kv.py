@@ -66,7 +66,7 @@ def keep_rows(cache: DynamicCache, start: int, rows: torch.Tensor) -> None:
     rows = rows.cpu()
     count = int(rows.numel())
     in_place = bool(torch.equal(rows, torch.arange(count)))
-    layers = list(_tree_layers(cache))
+    layers = list(tree_layers(cache))
     moved = not in_place and _move_buffered_rows(layers, start, rows)
     sources: dict[torch.device, torch.Tensor] = {}  # the row index, moved once per device (not once per layer)
 
@@ -91,7 +91,7 @@ def keep_rows(cache: DynamicCache, start: int, rows: torch.Tensor) -> None:
         layer.values = layer.values[..., : start + count, :]
 
 
-def _tree_layers(cache: DynamicCache):
+def tree_layers(cache: DynamicCache):
     """The cache's layers, refused (before any is edited) where one cannot drop rejected tree rows."""
     for layer in cache.layers:
         if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
