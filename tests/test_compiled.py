@@ -145,11 +145,9 @@ def test_compiled_greedy_equals_compiled_plain_decoding(traced, policy, budget):
 def test_compiled_batch_equals_plain_batched_generate(traced, monkeypatch):
     """A left-padded batch through the compiled steps equals plain batched ``generate``; its cache's row moves
     (`RaggedKV.commit`) ran through the one-call op where it is built."""
-    from hf_treespec.kv import ragged
-
     calls = []
-    real = ragged.move_rows
-    monkeypatch.setattr(ragged, "move_rows", lambda *args: (calls.append(len(args[0])), real(*args)))
+    real = tree_kv.move_rows
+    monkeypatch.setattr(tree_kv, "move_rows", lambda *args: (calls.append(len(args[0])), real(*args)))
     model, drafter = traced
     ids = torch.randint(1, 64, (3, 10), generator=torch.Generator().manual_seed(2))
     mask = torch.ones_like(ids)

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils import _pytree as pytree
 
 from .disk_cache import cached_artifact, discard, model_key
 from .preallocated import PreallocatedLayer, WriteSlots
@@ -181,8 +182,6 @@ class FlatCall:
     def of(cls, runner, inputs: tuple) -> "FlatCall | None":
         """The flat call of ``runner`` for steps shaped as ``inputs``, or None where the package was exported for
         another structure (or the runner does not expose its specs): the runner's own call is kept."""
-        from torch.utils import _pytree as pytree
-
         loader = getattr(runner, "loader", None)
         if loader is None or not hasattr(loader, "boxed_run") or not hasattr(loader, "get_call_spec"):
             return None
@@ -192,8 +191,6 @@ class FlatCall:
         return cls(loader.boxed_run, out_spec, tuple(inputs[-1]))
 
     def __call__(self, inputs: tuple):
-        from torch.utils import _pytree as pytree
-
         input_ids, position_ids, mask, slots, keys, values, extra = inputs
         flat = [input_ids, position_ids, mask, slots, *keys, *values, *(extra[name] for name in self.extra_names)]
         return pytree.tree_unflatten(self.run(flat), self.out_spec)

@@ -19,8 +19,7 @@ import torch
 from transformers import DynamicCache
 
 from ..attention import additive_mask
-from ..compiled.row_moves import move_rows, moves_in_one_op
-from .tree_kv import buffered_rows, to_device, tree_layers
+from .tree_kv import buffered_rows, moved_in_one_op, to_device, tree_layers
 from .window import TreeWindows
 from ..tree import DraftTree
 
@@ -33,18 +32,6 @@ def _layers(cache: DynamicCache):
             rows = 0 if layer.keys is None else layer.keys.numel()
         if rows:
             yield layer
-
-
-def _moved_in_one_op(layers: list, batch: torch.Tensor, source: torch.Tensor, destination: torch.Tensor) -> bool:
-    """The moves done in every layer's buffers by one op call (`hf_treespec.compiled.row_moves`), where every layer
-    is preallocated and the op serves its buffers; False otherwise (nothing moved)."""
-    if not all(buffered_rows(layer) is not None for layer in layers):
-        return False
-    buffers = [buffer for layer in layers for buffer in (layer.key_buffer, layer.value_buffer)]
-    if not moves_in_one_op(buffers):
-        return False
-    move_rows(buffers, batch, source, destination)
-    return True
 
 
 def packed_trees(trees: list[DraftTree]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -136,7 +123,7 @@ class RaggedKV:
         moves = destination != source
         any_moves = bool(moves.any())
         layers = list(_layers(self.cache))
-        if any_moves and _moved_in_one_op(layers, batch_idx[moves], source[moves], destination[moves]):
+        if any_moves and moved_in_one_op(layers, batch_idx[moves], source[moves], destination[moves]):
             any_moves = False  # every layer's rows moved: the layers below are only cut
         indices: dict[torch.device, tuple[torch.Tensor, ...]] = {}  # moved once per device, not once per layer
         for layer in layers:

@@ -67,7 +67,7 @@ def keep_rows(cache: DynamicCache, start: int, rows: torch.Tensor) -> None:
     count = int(rows.numel())
     in_place = bool(torch.equal(rows, torch.arange(count)))
     layers = list(tree_layers(cache))
-    moved = not in_place and _move_buffered_rows(layers, start, rows)
+    moved = not in_place and _kept_in_one_op(layers, start, rows)
     sources: dict[torch.device, torch.Tensor] = {}  # the row index, moved once per device (not once per layer)
 
     def source_on(device: torch.device) -> torch.Tensor:
@@ -102,17 +102,26 @@ def tree_layers(cache: DynamicCache):
         yield layer
 
 
-def _move_buffered_rows(layers: list, start: int, rows: torch.Tensor) -> bool:
-    """Moves the rows ``start + rows`` to ``start...`` in every preallocated layer's buffers (each batch row alike)
-    in one op call; False where the op does not serve them (the layers then move their own rows)."""
-    buffers = [buffer for layer in layers if buffered_rows(layer) is not None
-               for buffer in (layer.key_buffer, layer.value_buffer)]
+def moved_in_one_op(layers: list, batch: torch.Tensor, source: torch.Tensor, destination: torch.Tensor) -> bool:
+    """Row ``source[i]`` of batch row ``batch[i]`` moved to row ``destination[i]`` in every layer's buffers by one
+    op call (`hf_treespec.compiled.row_moves`), where every layer is preallocated and the op serves its buffers;
+    False otherwise (nothing moved: the layers move their own rows)."""
+    if not layers or not all(buffered_rows(layer) is not None for layer in layers):
+        return False
+    buffers = [buffer for layer in layers for buffer in (layer.key_buffer, layer.value_buffer)]
     if not moves_in_one_op(buffers):
         return False
-    batch, count = buffers[0].shape[0], int(rows.numel())
-    move_rows(buffers, torch.arange(batch).repeat_interleave(count), (start + rows).repeat(batch),
-              torch.arange(start, start + count).repeat(batch))
+    move_rows(buffers, batch, source, destination)
     return True
+
+
+def _kept_in_one_op(layers: list, start: int, rows: torch.Tensor) -> bool:
+    """`keep_rows`' moves (the rows ``start + rows`` to ``start...``, each batch row alike) by `moved_in_one_op`."""
+    if not layers or buffered_rows(layers[0]) is None:
+        return False
+    batch, count = layers[0].key_buffer.shape[0], int(rows.numel())
+    return moved_in_one_op(layers, torch.arange(batch).repeat_interleave(count), (start + rows).repeat(batch),
+                           torch.arange(start, start + count).repeat(batch))
 
 
 class TreeKV:
