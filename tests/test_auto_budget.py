@@ -336,6 +336,21 @@ def test_drafter_switched_off_by_a_bad_start_comes_back_after_a_probe():
     assert "probe" in good and good[-100:].count("skip") == 0 and speed.reprobe_every == REPROBE_EVERY
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_probe_switches_drafting_back_on_only_when_it_gains(seed):
+    # a marginal loser with noisy steps (1 or 3 tokens in 1.7 draft-free steps' time: -0.2 tokens a step, a standard
+    # deviation of ~1): once the evidence switched it off, a probe's few lucky steps lift the mean within two
+    # standard errors of zero, which is not a gain; only a positive mean gain switches drafting back on
+    def marginal(gen: torch.Generator) -> tuple[int, float]:
+        tokens = 3 if float(torch.rand(1, generator=gen)) < 0.25 else 1
+        return tokens, 1.7 * PLAIN_STEP * (0.8 + 0.4 * float(torch.rand(1, generator=gen)))
+
+    speed = flat_speed()
+    modes = simulate(speed, 3000, marginal, seed=seed)
+    after = modes[modes.index("skip"):]
+    assert after.count("size") == 0 and "probe" in after and speed.gain.mean < 0
+
+
 def test_a_batch_drafter_that_loses_a_little_is_switched_off():
     # a batch of 4 on a CPU: draft-free steps commit 4 tokens, drafted ones 6 in 1.58 times as long (5% fewer tokens
     # per second): the ~100-step window of drafted steps tells that from breaking even

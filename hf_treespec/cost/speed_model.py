@@ -263,7 +263,8 @@ class SpeedModel:
     draft-free steps commit in the same time (their measured rate, or the cost curve's one-row step before any). The
     drafter is switched off ("skip") only once the mean gain is below zero by `SKIP_CONFIDENCE` standard errors over
     enough drafted steps, so a single unlucky step never switches it off; then every ``reprobe_every`` draft-free
-    steps a probe of `PROBE_STEPS` drafted steps adds fresh evidence; the interval doubles after every probe that leaves
+    steps a probe of `PROBE_STEPS` drafted steps adds fresh evidence, and drafting comes back on only when the mean
+    gain is then above zero; the interval doubles after every probe that leaves
     the mean gain below zero and returns to ``reprobe_every`` once it is above, and it never ends before the
     draft-free time since the last probe is 1 / `PROBE_BUDGET` times what that probe lost (before any probe: what
     one is predicted to lose, so at a large batch, where a probe drafts every row, probes stay rare from the start).
@@ -476,7 +477,10 @@ class SpeedModel:
             self._probe_left = (PROBE_STEPS if self._probe_left == 0 else self._probe_left) - 1
             if self._probe_left:
                 return
-            self._off = self.drafting_loses()  # the probe's verdict, on all the evidence at the measured rate
+            # the probe's verdict, on all the evidence at the measured rate: drafting that is on stays on unless it
+            # loses beyond noise; drafting that was switched off comes back only on a gain (a probe's few lucky
+            # steps lift a loser's mean within noise of zero, and a batch-4 call then drafted four calls at a loss)
+            self._off = self.gain.mean <= 0 if self._off else self.drafting_loses()
         if self.gain.mean > 0:  # drafting pays on the evidence so far: probe soon again whenever it is switched off
             self.reprobe_every, self._probe_loss = self._base_reprobe, None
         elif probing:  # a probe that did not pay: wait twice as long for the next one

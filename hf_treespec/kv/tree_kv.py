@@ -94,7 +94,8 @@ def keep_rows(cache: DynamicCache, start: int, rows: torch.Tensor) -> None:
 def tree_layers(cache: DynamicCache):
     """The cache's layers, refused (before any is edited) where one cannot drop rejected tree rows."""
     for layer in cache.layers:
-        if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
+        # (a preallocated layer has keys; asking it would make a view of its buffer, 30 a step for SmolLM2)
+        if getattr(layer, "is_sliding", False) or (buffered_rows(layer) is None and not hasattr(layer, "keys")):
             raise ValueError(
                 f"tree speculation needs a plain DynamicCache; got a {type(layer).__name__} layer "
                 "(sliding-window / static caches cannot drop rejected tree rows)."
