@@ -111,6 +111,27 @@ def test_three_token_law_without_logits_processors(target, drafters, policy, ver
     assert binned_pvalue(counts, law, n) > 1e-3
 
 
+@pytest.mark.parametrize("policy,verifier", [("dyspec", "swor"), ("swor", "swor")])
+def test_three_token_law_with_a_reduced_draft_vocabulary_under_top_k(target, policy, verifier):
+    """A feature drafter proposing 40 of the vocabulary's ids, warped by top-k and temperature over those columns
+    alone (`WarpedDraftSource`): draws and the SWOR walk pass over its columns, the target's residual over all."""
+    from hf_treespec.drafters.feature import build_draft_vocab
+    from test_feature_drafter import make_drafter
+
+    law = exact_law(target)
+    # the 40 ids of most mass in the law's outcomes (so drafts get accepted), the rest of the vocabulary left out
+    mass = torch.zeros(target.config.vocab_size)
+    for cell, prob in law.items():
+        mass[list(cell)] += prob
+    drafter = make_drafter(target, seed=2, target_layers=[0, 2, 3], draft_vocab_size=40)
+    drafter.set_draft_vocab(build_draft_vocab(mass, 40)[0])
+    n = 600
+    counts, outs = sample_three_tokens(target, n, assistant_model=drafter, tree_policy=policy, verifier=verifier,
+                                       tree_depth=2, tree_budget=4 if policy == "dyspec" else None)
+    assert_drafted(outs)
+    assert chi_square_pvalue(counts, law, n) > 1e-3
+
+
 def sharpened(model, factor: float = 3.0):
     """A drafter that is ``model`` with its LM head scaled by ``factor``: sharper than the target, it puts more mass
     than the target on the target's favourite tokens, so the tokens it drafts have p/q well below 1."""
