@@ -113,8 +113,8 @@ def test_three_token_law_without_logits_processors(target, drafters, policy, ver
 
 @pytest.mark.parametrize("policy,verifier", [("dyspec", "swor"), ("swor", "swor")])
 def test_three_token_law_with_a_reduced_draft_vocabulary_under_top_k(target, policy, verifier):
-    """A feature drafter proposing 40 of the vocabulary's ids, warped by top-k and temperature over those columns
-    alone (`WarpedDraftSource`): draws and the SWOR walk pass over its columns, the target's residual over all."""
+    """A feature drafter proposing 40 of the vocabulary's ids (the rest -inf in its logits), warped by temperature
+    and top-k with the target: sampled siblings and the SWOR walk over a reduced vocabulary keep the law."""
     from hf_treespec.drafters.feature import build_draft_vocab
     from test_feature_drafter import make_drafter
 
