@@ -264,10 +264,10 @@ class SpeedModel:
     drafter is switched off ("skip") only once the mean gain is below zero by `SKIP_CONFIDENCE` standard errors over
     enough drafted steps, so a single unlucky step never switches it off; then every ``reprobe_every`` draft-free
     steps a probe of `PROBE_STEPS` drafted steps adds fresh evidence, and drafting comes back on only when the mean
-    gain is then above zero; the interval doubles after every probe that leaves
-    the mean gain below zero and returns to ``reprobe_every`` once it is above, and it never ends before the
-    draft-free time since the last probe is 1 / `PROBE_BUDGET` times what that probe lost (before any probe: what
-    one is predicted to lose, so at a large batch, where a probe drafts every row, probes stay rare from the start).
+    gain is then above zero; the interval doubles after every probe that leaves the mean gain below zero and returns
+    to ``reprobe_every`` once it is above, and it never ends before the draft-free time since the last probe is
+    1 / `PROBE_BUDGET` times what that probe lost (before any probe: what one is predicted to lose, so at a large
+    batch, where a probe drafts every row, probes stay rare from the start).
     While drafting is on, controls (a transition and `CONTROL_STEPS` draft-free steps, once drafting is first judged
     and then every `CONTROL_EVERY` drafted steps) keep the draft-free rate it is judged against measured.
     """
