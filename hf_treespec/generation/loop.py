@@ -239,10 +239,11 @@ class TreeDecodingLoop:
             tokens = self.verifier.target_choices(processed).cpu()
             extended = torch.cat([ids, tokens[:, None].to(self.device)], dim=1)
             stopped = self.stopping_criteria(extended, None).cpu().tolist()
-            for i, (slot, row) in enumerate(zip(group, rows)):
-                row.ids = extended[i : i + 1]
-                verdicts[slot] = RowVerdict(self.root_only, tokens[i : i + 1], raw[i : i + 1], processed[i : i + 1],
-                                            stopped=bool(stopped[i]))
+            # each row's one-row views, made by one split per tensor (not four slices per row)
+            for slot, row, ids, token, row_raw, row_processed, stop in zip(
+                    group, rows, extended.split(1), tokens.split(1), raw.split(1), processed.split(1), stopped):
+                row.ids = ids
+                verdicts[slot] = RowVerdict(self.root_only, token, row_raw, row_processed, stopped=bool(stop))
         return verdicts
 
     def commit(self, drafted: DraftRound, verification: Verification) -> None:

@@ -38,6 +38,9 @@ def packed_trees(trees: list[DraftTree]) -> tuple[torch.Tensor, torch.Tensor, to
     """Every tree packed to the widest (``n`` nodes), on the host: ``[B, n]`` tokens and depths (0 at padding nodes)
     and the ``[B, n, n]`` visibility among the packed nodes (each node its ancestors, a padding node only itself)."""
     n = max(tree.num_nodes for tree in trees)
+    if n == 1:  # every row's root alone (a step where no row drafts): nothing to pack
+        ids = torch.cat([tree.tokens for tree in trees])[:, None]
+        return ids, torch.zeros_like(ids), torch.ones(len(trees), 1, 1, dtype=torch.bool)
     ids = torch.zeros(len(trees), n, dtype=torch.long)
     depth = torch.zeros(len(trees), n, dtype=torch.long)
     among = torch.eye(n, dtype=torch.bool).repeat(len(trees), 1, 1)
@@ -72,8 +75,17 @@ class RaggedKV:
         self._retired: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
     @property
+    def lengths(self) -> torch.Tensor:
+        return self._lengths
+
+    @lengths.setter
+    def lengths(self, value: torch.Tensor) -> None:
+        # the widest row's length is read several times a step: kept as an int, not a max and a sync per read
+        self._lengths, self._width = value, int(value.max()) if value.numel() else 0
+
+    @property
     def width(self) -> int:
-        return int(self.lengths.max())
+        return self._width
 
     def positions(self) -> torch.Tensor:
         """``[B]`` position id of each active row's next token (its real tokens so far: padding columns skipped)."""
@@ -111,15 +123,16 @@ class RaggedKV:
     def commit(self, accepted: list[torch.Tensor]) -> None:
         """After a forward that appended every active row's tree past the old width: keeps each active row's accepted path (node
         indices, root first) right after its committed tokens, then cuts the cache to the longest row."""
-        counts = torch.tensor([int(a.numel()) for a in accepted])
+        sizes = [int(a.numel()) for a in accepted]  # Python ints: no tensor read per row
+        counts = torch.tensor(sizes)
         width = self.width
         batch_idx = torch.repeat_interleave(torch.arange(len(accepted)), counts)
         starts = torch.repeat_interleave(self.lengths, counts)
-        offsets = torch.cat([torch.arange(int(c)) for c in counts])
+        offsets = torch.cat([torch.arange(size) for size in sizes])
         destination = starts + offsets
         source = width + torch.cat([a.cpu() for a in accepted])
         self.lengths = self.lengths + counts
-        new_width = int(self.lengths.max())
+        new_width = self.width
         moves = destination != source
         any_moves = bool(moves.any())
         layers = list(_layers(self.cache))
@@ -157,7 +170,7 @@ class RaggedKV:
         kept = keep.nonzero().squeeze(-1)
         self.rows, self.lengths = self.rows[kept], self.lengths[kept]
         if kept.numel():
-            new_width = int(self.lengths.max())
+            new_width = self.width
             on_device: dict[torch.device, torch.Tensor] = {}  # moved once per device, not once per layer
             for layer in layers:
                 if layer.keys.device not in on_device:
