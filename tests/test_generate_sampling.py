@@ -111,8 +111,10 @@ def test_three_token_law_without_logits_processors(target, drafters, policy, ver
     assert binned_pvalue(counts, law, n) > 1e-3
 
 
-@pytest.mark.parametrize("policy,verifier", [("dyspec", "swor"), ("swor", "swor")])
-def test_three_token_law_with_a_reduced_draft_vocabulary_under_top_k(target, policy, verifier):
+# fixed sizes (no "auto"): DySpec's 4 nodes, SWOR's 4 siblings at each of 2 levels
+@pytest.mark.parametrize("policy,verifier,size", [("dyspec", "swor", {"tree_budget": 4, "tree_depth": 2}),
+                                                  ("swor", "swor", {"tree_topk": 4, "tree_depth": 2})])
+def test_three_token_law_with_a_reduced_draft_vocabulary_under_top_k(target, policy, verifier, size):
     """A feature drafter proposing 40 of the vocabulary's ids (the rest -inf in its logits), warped by temperature
     and top-k with the target: sampled siblings and the SWOR walk over a reduced vocabulary keep the law."""
     from hf_treespec.drafters.feature import build_draft_vocab
@@ -127,8 +129,9 @@ def test_three_token_law_with_a_reduced_draft_vocabulary_under_top_k(target, pol
     drafter.set_draft_vocab(build_draft_vocab(mass, 40)[0])
     n = 600
     counts, outs = sample_three_tokens(target, n, assistant_model=drafter, tree_policy=policy, verifier=verifier,
-                                       tree_depth=2, tree_budget=4 if policy == "dyspec" else None)
+                                       **size)
     assert_drafted(outs)
+    assert all(out.drafted_steps == len(out.tree_sizes) for out in outs), "every step drafts a tree"
     assert chi_square_pvalue(counts, law, n) > 1e-3
 
 
