@@ -111,10 +111,10 @@ def test_three_token_law_without_logits_processors(target, drafters, policy, ver
     assert binned_pvalue(counts, law, n) > 1e-3
 
 
-# fixed sizes (no "auto"): DySpec's 4 nodes, SWOR's 4 siblings at each of 2 levels
-@pytest.mark.parametrize("policy,verifier,size", [("dyspec", "swor", {"tree_budget": 4, "tree_depth": 2}),
-                                                  ("swor", "swor", {"tree_topk": 4, "tree_depth": 2})])
-def test_three_token_law_with_a_reduced_draft_vocabulary_under_top_k(target, policy, verifier, size):
+# fixed sizes (no "auto"): DySpec's 4 nodes, SWOR's 4 siblings at each of 2 levels (its budget None: no cap)
+@pytest.mark.parametrize("policy,verifier,budget,width", [("dyspec", "swor", 4, {}),
+                                                          ("swor", "swor", None, {"tree_topk": 4})])
+def test_three_token_law_with_a_reduced_draft_vocabulary_under_top_k(target, policy, verifier, budget, width):
     """A feature drafter proposing 40 of the vocabulary's ids (the rest -inf in its logits), warped by temperature
     and top-k with the target: sampled siblings and the SWOR walk over a reduced vocabulary keep the law."""
     from hf_treespec.drafters.feature import build_draft_vocab
@@ -129,7 +129,7 @@ def test_three_token_law_with_a_reduced_draft_vocabulary_under_top_k(target, pol
     drafter.set_draft_vocab(build_draft_vocab(mass, 40)[0])
     n = 600
     counts, outs = sample_three_tokens(target, n, assistant_model=drafter, tree_policy=policy, verifier=verifier,
-                                       **size)
+                                       tree_budget=budget, tree_depth=2, **width)
     assert_drafted(outs)
     assert all(out.drafted_steps == len(out.tree_sizes) for out in outs), "every step drafts a tree"
     assert chi_square_pvalue(counts, law, n) > 1e-3
