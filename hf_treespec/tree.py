@@ -14,9 +14,16 @@ row plus itself), never rebuilt from scratch.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import torch
+
+
+def host_longs(values: list[int]) -> torch.Tensor:
+    """A host int64 tensor of ``values`` (a numpy round trip: ~1 us, where ``torch.tensor(list)`` takes ~3 us)."""
+    return torch.from_numpy(np.array(values, dtype=np.int64))
 
 
 def to_host(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -90,15 +97,13 @@ class DraftTree:
     @classmethod
     def root(cls, token: int | torch.Tensor, device: torch.device | str = "cpu", regime: str = Regime.DETERMINISTIC):
         """A one-node tree. ``device`` is accepted for backward compatibility and ignored: trees live on the host."""
-        token = torch.as_tensor(token).reshape(1).long().cpu()
-        zeros = torch.zeros(1, dtype=torch.long)
         tree = cls(
-            tokens=token,
+            tokens=torch.full((1,), int(token), dtype=torch.long),
             parents=torch.full((1,), -1, dtype=torch.long),
-            depth=zeros,
+            depth=torch.zeros(1, dtype=torch.long),
             scores=torch.zeros(1, dtype=torch.float32),
             regime=regime,
-            uids=zeros.clone(),
+            uids=torch.zeros(1, dtype=torch.long),
         )
         tree._cache["anc"] = torch.ones(1, 1, dtype=torch.bool)
         return tree
@@ -113,18 +118,22 @@ class DraftTree:
         """
         parents, tokens, logprobs, *rest = to_host(parents, tokens, logprobs, *(() if counts is None else (counts,)))
         counts = rest[0] if rest else None
-        finite = torch.isfinite(logprobs)
-        if not bool(finite.all()):
+        if not all(map(math.isfinite, logprobs.tolist())):  # (a host list: no tensor op when all are finite)
+            finite = torch.isfinite(logprobs)
             parents, tokens, logprobs = parents[finite], tokens[finite], logprobs[finite]
             counts = None if counts is None else counts[finite]
-        parents = parents.long()
+        if parents.dtype != torch.long:
+            parents = parents.long()
         if counts is None and self.counts is None:
             new_counts = None
         else:
             old = self.counts if self.counts is not None else torch.ones_like(self.tokens)
             new = counts.long() if counts is not None else torch.ones_like(parents)
             new_counts = torch.cat([old, new])
-        return self._append(tokens, parents, self.depth[parents] + 1, self.scores[parents] + logprobs.float(), new_counts)
+        if logprobs.dtype != torch.float32:
+            logprobs = logprobs.float()
+        return self._append(tokens, parents, self.depth.index_select(0, parents).add_(1),
+                            self.scores.index_select(0, parents).add_(logprobs), new_counts)
 
     def add_path(self, parent: int, tokens: torch.Tensor, logprobs: torch.Tensor) -> "DraftTree":
         """Returns a new tree with the chain ``tokens`` hung below ``parent`` in one call (``logprobs``: each token's
@@ -150,16 +159,16 @@ class DraftTree:
             n, total = self.num_nodes, self.num_nodes + count
             grown = torch.zeros(total, total, dtype=torch.bool)
             grown[:n, :n] = anc
-            for lo in _parent_levels(parents, n):  # one batch per run of nodes whose parents already have rows
-                rows = torch.arange(n + lo.start, n + lo.stop)
-                grown[rows] = grown[parents[lo]]
-                grown[rows, rows] = True
+            for lo, hi in _parent_levels(parents.tolist(), n):  # one run per level of nodes whose parents have rows
+                grown[n + lo : n + hi] = grown.index_select(0, parents[lo:hi])
+                grown.diagonal()[n + lo : n + hi] = True
             cache["anc"] = grown
+        next_uid = self.next_uid + count
         return replace(
             self,
-            uids=torch.cat([self.uids, torch.arange(self.next_uid, self.next_uid + count)]),
-            next_uid=self.next_uid + count,
-            tokens=torch.cat([self.tokens, tokens.long()]),
+            uids=torch.cat([self.uids, torch.arange(self.next_uid, next_uid)]),
+            next_uid=next_uid,
+            tokens=torch.cat([self.tokens, tokens if tokens.dtype == torch.long else tokens.long()]),
             parents=torch.cat([self.parents, parents]),
             depth=torch.cat([self.depth, depth]),
             scores=torch.cat([self.scores, scores]),
@@ -186,23 +195,31 @@ class DraftTree:
         keep = keep.cpu()
         if keep.dtype == torch.bool:
             keep = keep.nonzero().squeeze(-1)
-        keep = keep.sort().values
-        remap = torch.full((self.num_nodes,), -1, dtype=torch.long)
-        remap[keep] = torch.arange(keep.numel())
-        old_parents = self.parents[keep]
-        new_parents = torch.where(old_parents >= 0, remap[old_parents.clamp(min=0)], old_parents)
-        if bool((new_parents[1:] < 0).any()) or int(keep[0]) != 0:
+        kept = keep.tolist()
+        if kept != sorted(set(kept)):
+            kept = sorted(set(kept))
+            keep = torch.tensor(kept, dtype=torch.long)
+        if len(kept) == self.num_nodes:  # every node: the tree itself (trees are never changed in place)
+            return self
+        # the parents renumbered on the host: a list pass instead of a remap tensor
+        parents = self.parents.tolist()
+        index = {old: new for new, old in enumerate(kept)}
+        new_parents = [index.get(parents[old], -1) for old in kept]
+        if not kept or kept[0] != 0 or -1 in new_parents[1:]:
             raise ValueError("DraftTree.select: the kept set must contain the root and every kept node's parent")
+        keep = keep.long()
+        pick = lambda field: None if field is None else field.index_select(0, keep)  # noqa: E731
+        anc = self._cache.get("anc")
         return replace(
             self,
-            tokens=self.tokens[keep],
-            parents=new_parents,
-            depth=self.depth[keep],
-            scores=self.scores[keep],
-            q_index=None if self.q_index is None else self.q_index[keep],
-            uids=self.uids[keep],
-            counts=None if self.counts is None else self.counts[keep],
-            _cache={"anc": self._cache["anc"][keep][:, keep]} if "anc" in self._cache else {},
+            tokens=pick(self.tokens),
+            parents=torch.tensor(new_parents, dtype=torch.long),
+            depth=pick(self.depth),
+            scores=pick(self.scores),
+            q_index=pick(self.q_index),
+            uids=pick(self.uids),
+            counts=pick(self.counts),
+            _cache={} if anc is None else {"anc": anc.index_select(0, keep).index_select(1, keep)},
         )
 
     # ------------------------------------------------------------------------------------------------ properties
@@ -280,18 +297,17 @@ class DraftTree:
         return counts
 
 
-def _parent_levels(parents: torch.Tensor, start: int) -> list[slice]:
-    """Splits appended nodes (new indices ``start + i``, parents ``parents``) into consecutive runs whose parents all
-    precede the run, so each run's mask rows can be copied from rows already written: one run for ``add_children``
-    (parents are existing nodes), one per node for a path from ``add_path``."""
+def _parent_levels(parents: list[int], start: int) -> list[tuple[int, int]]:
+    """Splits appended nodes (new indices ``start + i``, parents ``parents``) into consecutive runs ``[lo, hi)`` whose
+    parents all precede the run, so each run's mask rows can be copied from rows already written: one run for
+    ``add_children`` (parents are existing nodes), one per node for a path from ``add_path``."""
     runs, lo = [], 0
-    new_parents = (parents >= start).nonzero().squeeze(-1).tolist()
-    for i in new_parents:  # node i's parent is new too: it must sit in an earlier run
-        if int(parents[i]) - start >= lo:
-            runs.append(slice(lo, i))
+    for i, parent in enumerate(parents):
+        if parent - start >= lo:  # node i's parent is new too, in this run: a new run starts at i
+            runs.append((lo, i))
             lo = i
-    runs.append(slice(lo, parents.numel()))
-    return [r for r in runs if r.stop > r.start]
+    runs.append((lo, len(parents)))
+    return [(lo, hi) for lo, hi in runs if hi > lo]
 
 
 def on_path(tree: DraftTree, accepted: torch.Tensor) -> torch.Tensor:

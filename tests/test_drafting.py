@@ -48,12 +48,24 @@ def children(tree: DraftTree, nodes: torch.Tensor, logits: torch.Tensor, k: int)
     return tree.add_children(nodes[:, None].expand(-1, k).reshape(-1), tokens.reshape(-1), values.reshape(-1))
 
 
-@pytest.mark.parametrize("kind", ["causal_lm", "feature"])
-def test_expand_rows_equals_one_forward_per_row(target, drafters, kind):
+@pytest.mark.parametrize("kind", ["causal_lm", "feature", "feature, preallocated"])
+def test_expand_rows_equals_one_forward_per_row(target, drafters, kind, monkeypatch):
     """Rows of different lengths, different numbers of nodes per round, two steps with commits in between (the
-    feature drafter then re-feeds its accepted chain as pending tokens): every row's logits equal its own forward's."""
-    model = feature_model(target) if kind == "feature" else drafters["random"]
+    feature drafter then re-feeds its accepted chain as pending tokens): every row's logits equal its own forward's.
+    Preallocated row caches (a compiled drafter's) are stacked from their buffers, rows past a row's length
+    included and masked: the same logits."""
+    from hf_treespec.compiled.preallocated import preallocate
+    from hf_treespec.kv import stacked
+
+    model = feature_model(target) if kind.startswith("feature") else drafters["random"]
     alone, batched = started(model, target, PREFIXES), started(model, target, PREFIXES)
+    from_buffers = []
+    if kind.endswith("preallocated"):
+        for drafter in batched:
+            preallocate(drafter.kv.cache, 64)
+        join = stacked._stacked_from_buffers
+        monkeypatch.setattr(stacked, "_stacked_from_buffers", lambda *args: from_buffers.append(join(*args)) or
+                            from_buffers[-1])
     trees = [DraftTree.root(prefix[-1]) for prefix in PREFIXES]
     for step in range(2):
         frontier = [torch.zeros(1, dtype=torch.long)] * len(trees)
@@ -78,6 +90,8 @@ def test_expand_rows_equals_one_forward_per_row(target, drafters, kind):
             alone[row].commit(tree, accepted, features)
             batched[row].commit(tree, accepted, features)
             trees[row] = DraftTree.root(int(tree.tokens[path[-1]]))
+    # (the first round feeds every row from an empty cache: nothing to stack)
+    assert all(from_buffers) and len(from_buffers) == (5 if kind.endswith("preallocated") else 0)
 
 
 def test_draft_forwards_are_joined_into_rounds(target, drafters):

@@ -8,8 +8,9 @@ dropped), the model runs ONE forward with a ``[R, 1, q, P + q]`` float mask, and
 back to its own cache.
 
 Cost per round: a copy of every row's drafter cache into the stacked one (drafter caches are small: one or a few
-layers), plus one forward over ``R x q`` query rows instead of ``R`` forwards of one row each; on a tiny drafter the
-forward's fixed cost dominates, so a round costs about one row's forward.
+layers; one ``cat`` per layer and tensor where the rows' caches are preallocated), plus one forward over ``R x q``
+query rows instead of ``R`` forwards of one row each; on a tiny drafter the forward's fixed cost dominates, so a
+round costs about one row's forward.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 from transformers import DynamicCache
 
 from ..attention import float_mask
-from .tree_kv import TreeKV, to_device
+from .tree_kv import TreeKV, buffered_rows, to_device
 
 
 @dataclass
@@ -87,6 +88,8 @@ def stack_caches(caches: list[DynamicCache], past: list[int], longest: int, stac
     zeros to ``longest``."""
     if longest == 0:
         return stacked
+    if _stacked_from_buffers(caches, longest, stacked):
+        return stacked
     fullest = caches[past.index(longest)]
     for index, reference in enumerate(fullest.layers):
         keys = reference.keys.new_zeros(len(caches), reference.keys.shape[1], longest, reference.keys.shape[3])
@@ -97,6 +100,22 @@ def stack_caches(caches: list[DynamicCache], past: list[int], longest: int, stac
                 values[row, :, :length] = cache.layers[index].values[0]
         stacked.update(keys, values, index)
     return stacked
+
+
+def _stacked_from_buffers(caches: list[DynamicCache], longest: int, stacked: DynamicCache) -> bool:
+    """`stack_caches` from preallocated rows (a compiled drafter's): each row's buffer's first ``longest`` rows, joined
+    by one ``cat`` per layer and tensor instead of a copy per row. A row's rows past its own length are whatever its
+    buffer holds there (zeros, or rows it dropped): finite values the stacked mask hides. False (nothing done) where a
+    layer is not preallocated or a buffer is shorter than ``longest``."""
+    layers = [cache.layers for cache in caches]
+    if not all(buffered_rows(layer) is not None and layer.key_buffer.shape[2] >= longest
+               for row in layers for layer in row):
+        return False
+    for index in range(len(layers[0])):
+        keys = torch.cat([row[index].key_buffer.narrow(2, 0, longest) for row in layers])
+        values = torch.cat([row[index].value_buffer.narrow(2, 0, longest) for row in layers])
+        stacked.update(keys, values, index)
+    return True
 
 
 def unstack_new_rows(stacked: StackedInputs, caches: list[DynamicCache]) -> None:

@@ -13,7 +13,7 @@ from transformers import DynamicCache
 
 from ..attention import float_mask
 from ..compiled.row_moves import move_rows, moves_in_one_op
-from ..tree import DraftTree
+from ..tree import DraftTree, host_longs
 
 
 def to_device(device: torch.device, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -55,7 +55,7 @@ def buffered_rows(layer) -> int | None:
     return getattr(layer, "rows_in_buffers", None)
 
 
-def keep_rows(cache: DynamicCache, start: int, rows: torch.Tensor) -> None:
+def keep_rows(cache: DynamicCache, start: int, rows: torch.Tensor | list[int]) -> None:
     """Keeps the first ``start`` rows and the rows ``start + rows`` (ascending) of every layer of ``cache``, in place.
 
     Only the kept tree rows are moved (written right after the prefix); the rest is cut with a view, as
@@ -63,9 +63,10 @@ def keep_rows(cache: DynamicCache, start: int, rows: torch.Tensor) -> None:
     accepted rows already follow the prefix moves nothing, and a layer that holds exactly the kept rows is untouched.
     Preallocated layers' buffers move in one op call (`hf_treespec.compiled.row_moves`) where it is built.
     """
-    rows = rows.cpu()
-    count = int(rows.numel())
-    in_place = bool(torch.equal(rows, torch.arange(count)))
+    listed = rows.tolist() if isinstance(rows, torch.Tensor) else list(rows)
+    count = len(listed)
+    in_place = listed == list(range(count))
+    rows = rows.cpu() if isinstance(rows, torch.Tensor) else host_longs(listed)
     layers = list(tree_layers(cache))
     moved = not in_place and _kept_in_one_op(layers, start, rows)
     sources: dict[torch.device, torch.Tensor] = {}  # the row index, moved once per device (not once per layer)
@@ -138,7 +139,8 @@ class TreeKV:
         self.cache = cache
         self.committed = committed
         self.pending = torch.zeros(0, dtype=torch.long)
-        self._row_uids = torch.zeros(0, dtype=torch.long)  # uid of each tree row, in cache order
+        # uid of each tree row, in cache order: a host list (a step's few rows are bookkeeping, not tensor work)
+        self._row_uids: list[int] = []
 
     @property
     def root_position(self) -> int:
@@ -149,12 +151,12 @@ class TreeKV:
     def holds_only_committed(self) -> bool:
         """Whether the cache holds exactly the committed tokens (no tree rows, nothing pending): the next token can
         then be fed with plain causal attention, as ``generate`` feeds it."""
-        return not self.pending.numel() and not self._row_uids.numel()
+        return not self.pending.numel() and not self._row_uids
 
     @property
     def holds_no_tree_rows(self) -> bool:
         """Whether no tree row was fed since the last commit (the cache holds committed rows only)."""
-        return not self._row_uids.numel()
+        return not self._row_uids
 
     def append_committed(self, count: int) -> None:
         """Records ``count`` committed tokens appended to the cache by a plain causal forward."""
@@ -162,11 +164,10 @@ class TreeKV:
             raise RuntimeError("a plain causal forward needs a cache of committed rows only (no tree rows / pending)")
         self.committed += count
 
-    def _row_index(self, tree: DraftTree) -> torch.Tensor:
+    def _row_index(self, tree: DraftTree) -> list[int]:
         """Current tree index of every tree row's node, -1 where that node was pruned away."""
-        lookup = torch.full((tree.next_uid,), -1, dtype=torch.long)
-        lookup[tree.uids.cpu()] = torch.arange(tree.num_nodes)
-        return lookup[self._row_uids]
+        where = {uid: index for index, uid in enumerate(tree.uids.tolist())}
+        return [where.get(uid, -1) for uid in self._row_uids]
 
     def inputs_for(
         self, tree: DraftTree, nodes: torch.Tensor, dtype: torch.dtype, device: torch.device | None = None,
@@ -182,56 +183,61 @@ class TreeKV:
     def host_inputs(self, tree: DraftTree, nodes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Host ``ids`` and ``positions`` ``[q]`` of the pending tokens + ``nodes``, and their bool visibility
         ``[q, past + q]`` over the cache's rows (``past`` = committed + tree rows) followed by the new tokens."""
-        host = tree.device
         nodes = nodes.cpu()
-        num_pending, num_rows, num_new = int(self.pending.numel()), int(self._row_uids.numel()), int(nodes.numel())
+        listed = nodes.tolist()
+        num_pending, num_rows, num_new = int(self.pending.numel()), len(self._row_uids), len(listed)
         if num_pending and num_rows:
             raise RuntimeError("pending tokens must be fed before any tree row")
-        anc = tree.ancestor_mask()[nodes]
         # columns: committed rows | pending chain | earlier tree rows | new nodes
         c0, c1 = self.committed, self.committed + num_pending
-        visible = torch.zeros(num_pending + num_new, c1 + num_rows + num_new, dtype=torch.bool, device=host)
-        visible[:, :c0] = True
-        visible[:num_pending, c0:c1] = torch.ones(num_pending, num_pending, dtype=torch.bool, device=host).tril()
-        visible[num_pending:, c0:c1] = True
-        if num_rows:
-            idx = self._row_index(tree)
-            present = idx >= 0
-            visible[num_pending:, c1 : c1 + num_rows] = anc[:, idx.clamp(min=0)] & present
-        visible[num_pending:, c1 + num_rows :] = anc[:, nodes]
-        root = self.root_position
-        positions = torch.cat([torch.arange(root - num_pending, root), root + tree.depth[nodes]])
-        return torch.cat([self.pending, tree.tokens[nodes]]), positions, visible
+        visible = torch.zeros(num_pending + num_new, c1 + num_rows + num_new, dtype=torch.bool)
+        visible[:, :c1] = True
+        if num_pending:  # the chain is causal among itself
+            visible[:num_pending, c0:c1].tril_()
+        # the tree columns (earlier rows, then the new nodes): the nodes' ancestors, one gather of the mask's columns
+        columns = self._row_index(tree) + listed if num_rows else listed
+        if num_new:
+            anc = tree.ancestor_mask().index_select(0, nodes)
+            pruned = [i for i, column in enumerate(columns) if column < 0]
+            seen = anc.index_select(1, host_longs([max(column, 0) for column in columns] if pruned else columns))
+            if pruned:
+                seen[:, pruned] = False
+            visible[num_pending:, c1:] = seen
+        root, depth = self.root_position, tree.depth.tolist()
+        positions = host_longs(list(range(root - num_pending, root)) + [root + depth[node] for node in listed])
+        tokens = tree.tokens.index_select(0, nodes)
+        return (torch.cat([self.pending, tokens]) if num_pending else tokens), positions, visible
 
     def key_positions(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
         """Host position id of every key column of the forward ``inputs_for(tree, nodes)`` builds (committed rows,
         pending chain, earlier tree rows, the new nodes): what a distance-dependent mask (a sliding window) needs. A
         pruned tree row, which no query sees, gets the root's position."""
-        rows = self._row_index(tree).clamp(min=0) if self._row_uids.numel() else self._row_uids
-        before, root = self.committed + int(self.pending.numel()), self.root_position
-        depth = tree.depth.cpu()
-        return torch.cat([torch.arange(before), root + depth[rows], root + depth[nodes.cpu()]])
+        before, root, depth = self.committed + int(self.pending.numel()), self.root_position, tree.depth.tolist()
+        rows = [depth[max(index, 0)] for index in self._row_index(tree)]
+        return host_longs(list(range(before)) + [root + d for d in rows] + [root + depth[n] for n in nodes.tolist()])
 
     def fed(self, tree: DraftTree, nodes: torch.Tensor) -> None:
         """Records that pending tokens and ``nodes`` were just appended to the cache."""
         self.committed += int(self.pending.numel())
         self.pending = self.pending[:0]
-        self._row_uids = torch.cat([self._row_uids, tree.uids[nodes.cpu()]])
+        uids = tree.uids.tolist()
+        self._row_uids += [uids[node] for node in nodes.tolist()]
 
     def commit(self, tree: DraftTree, accepted: torch.Tensor) -> None:
         """Keeps the cache rows of the accepted path (root first); its un-fed tail becomes pending."""
-        accepted = accepted.cpu()
+        path = accepted.tolist()
         if self.holds_no_tree_rows:  # nothing of the tree was fed (a draft-free step): the whole path is pending
-            self.pending = torch.cat([self.pending, tree.tokens[accepted]])
+            self.pending = torch.cat([self.pending, tree.tokens.index_select(0, accepted.cpu())])
             return
-        uids = tree.uids[accepted]
-        row_of_uid = torch.full((tree.next_uid,), -1, dtype=torch.long)
-        row_of_uid[self._row_uids] = torch.arange(self._row_uids.numel())
-        rows = row_of_uid[uids]
-        num_cached = int((rows >= 0).sum())
-        if not bool((rows[:num_cached] >= 0).all()):
+        uids = tree.uids.tolist()
+        row_of_uid = {uid: row for row, uid in enumerate(self._row_uids)}
+        rows = [row_of_uid.get(uids[node], -1) for node in path]
+        num_cached = sum(row >= 0 for row in rows)
+        if any(row < 0 for row in rows[:num_cached]):
             raise RuntimeError("fed nodes of an accepted path must form a prefix of it")
         keep_rows(self.cache, self.committed, rows[:num_cached])
         self.committed += num_cached
-        self.pending = torch.cat([self.pending, tree.tokens[accepted[num_cached:]]])
-        self._row_uids = self._row_uids[:0]
+        if num_cached < len(path):
+            tail = tree.tokens.index_select(0, host_longs(path[num_cached:]))
+            self.pending = torch.cat([self.pending, tail])
+        self._row_uids = []

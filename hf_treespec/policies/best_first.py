@@ -74,7 +74,7 @@ class SALFPolicy(TreePolicy):
             search.pop(fresh)
             search.cap_g(capacity)
             fresh = [i for i in fresh if search.alive[i]]
-            if search.dead > len(search.alive) // 2:  # most of the tree dropped: compact it before it grows on
+            if search.dead > max(32, len(search.alive) // 2):  # most of a large tree dropped: compact it
                 tree, fresh = search.compact(tree, fresh)
         tree = tree.select(torch.tensor(search.members()))
         return Draft(sizer.prune(tree) if sizer is not None else tree)
