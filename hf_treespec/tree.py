@@ -157,12 +157,17 @@ class DraftTree:
         anc = self._cache.get("anc")
         if anc is not None:  # extend the mask: a new node sees its parent's ancestors and itself
             n, total = self.num_nodes, self.num_nodes + count
-            grown = torch.zeros(total, total, dtype=torch.bool)
-            grown[:n, :n] = anc
-            for lo, hi in _parent_levels(parents.tolist(), n):  # one run per level of nodes whose parents have rows
-                grown[n + lo : n + hi] = grown.index_select(0, parents[lo:hi])
-                grown.diagonal()[n + lo : n + hi] = True
-            cache["anc"] = grown
+            levels = _parent_levels(parents.tolist(), n)
+            if len(levels) == 1:  # children of existing nodes: their parents' rows, then themselves, in one block
+                seen = torch.cat([anc.index_select(0, parents), torch.eye(count, dtype=torch.bool)], dim=1)
+                cache["anc"] = torch.cat([torch.cat([anc, anc.new_zeros(n, count)], dim=1), seen])
+            else:
+                grown = torch.zeros(total, total, dtype=torch.bool)
+                grown[:n, :n] = anc
+                for lo, hi in levels:  # one run per level of nodes whose parents have rows
+                    grown[n + lo : n + hi] = grown.index_select(0, parents[lo:hi])
+                    grown.diagonal()[n + lo : n + hi] = True
+                cache["anc"] = grown
         next_uid = self.next_uid + count
         return replace(
             self,

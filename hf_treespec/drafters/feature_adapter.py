@@ -21,7 +21,7 @@ from transformers import DynamicCache
 from ..attention import check_tree_attention
 from ..kv.tree_kv import TreeKV, to_device
 from ..compiled.preallocated import preallocate
-from ..tree import DraftTree
+from ..tree import DraftTree, host_longs
 from ..kv.stacked import RowRequest, stack_rows, unstack_new_rows
 from .base import DRAFTER_ADAPTERS, Drafter, TargetFeatures
 from .feature import TreeSpecDrafterModel
@@ -55,7 +55,7 @@ class FeatureDrafter(Drafter):
         self._root_raw: torch.Tensor | None = None  # raw target feature paired with the next tree root
         self._root_feature: torch.Tensor | None = None  # ... projected
         self._node_features = torch.zeros(0)  # [uid capacity, hidden] drafter output feature per expanded node
-        self._node_known = torch.zeros(0, dtype=torch.bool)
+        self._node_known: set[int] = set()  # uids holding an output feature (host bookkeeping)
         self._device, self._dtype = model.device, model.dtype
         self._compiled = None  # a CompiledDrafterForward when the target runs compiled (`use_compiled`)
 
@@ -161,7 +161,7 @@ class FeatureDrafter(Drafter):
 
     def _reset_nodes(self) -> None:
         # which uids hold an output feature: host bookkeeping, so checking a parent never waits for the device
-        self._node_known = torch.zeros(self._node_features.shape[0], dtype=torch.bool)
+        self._node_known = set()
 
     def _ensure_capacity(self, num_uids: int) -> None:
         have = self._node_features.shape[0]
@@ -169,10 +169,8 @@ class FeatureDrafter(Drafter):
             return
         size = max(num_uids, 2 * have, 64)
         grown = torch.zeros(size, self.model.config.hidden_size, dtype=self._dtype, device=self._device)
-        known = torch.zeros(size, dtype=torch.bool)
         grown[:have] = self._node_features
-        known[:have] = self._node_known
-        self._node_features, self._node_known = grown, known
+        self._node_features = grown
 
     def _started(self) -> TreeKV:
         if self.kv is None:
@@ -201,7 +199,7 @@ class FeatureDrafter(Drafter):
         # one host-to-device copy for the forward's inputs and the feature-table indices
         ids, positions, mask, *indices = kv.inputs_for(
             tree, nodes, self._dtype, device=self._device, extra=self._node_indices(tree, nodes))
-        features = self._input_features(*indices[:2])[None]
+        features = self._input_features(*indices[:2], self._roots_of(tree, nodes))[None]
         if self._compiled is not None:  # every row's logits (a fixed logits_to_keep would be a graph per count)
             logits, hidden = self._compiled(ids, positions, mask, kv.cache, features=features)
             logits = logits[:, num_pending:]
@@ -228,8 +226,9 @@ class FeatureDrafter(Drafter):
         for drafter, tree, nodes in requests:
             drafter._started()
             is_root, parent_uids, uids = to_device(first._device, *drafter._node_indices(tree, nodes))
+            roots = drafter._roots_of(tree, nodes)
             rows.append(RowRequest(drafter.kv, *drafter.kv.host_inputs(tree, nodes)))
-            features.append(drafter._input_features(is_root, parent_uids))
+            features.append(drafter._input_features(is_root, parent_uids, roots))
             node_uids.append(uids)
         stacked = stack_rows(rows, first._dtype, first._device,
                              None if first._compiled is None else first._stacked_cache)
@@ -263,22 +262,34 @@ class FeatureDrafter(Drafter):
     def _node_indices(self, tree: DraftTree, nodes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Host ``(is_root, parent uids, node uids)`` of ``nodes``, after checking that every parent was expanded
         (its output feature is the node's input) and marking the nodes as expanded."""
-        parents = tree.parents[nodes]
-        is_root = parents < 0
-        parent_uids = tree.uids[parents.clamp(min=0)]
-        node_uids = tree.uids[nodes]
+        parents, uids, listed = tree.parents.tolist(), tree.uids.tolist(), nodes.tolist()
+        is_root = [parents[node] < 0 for node in listed]
+        parent_uids = [0 if root else uids[parents[node]] for node, root in zip(listed, is_root)]
+        node_uids = [uids[node] for node in listed]
         self._ensure_capacity(tree.next_uid)
-        if not bool((self._node_known[parent_uids] | is_root).all()):
+        known = self._node_known
+        if not all(root or uid in known for root, uid in zip(is_root, parent_uids)):
             raise RuntimeError("expand: every node's parent must have been expanded earlier (its output feature is "
                                "the node's input).")
-        self._node_known[node_uids] = True
-        return is_root, parent_uids, node_uids
+        known.update(node_uids)
+        return torch.tensor(is_root, dtype=torch.bool), host_longs(parent_uids), host_longs(node_uids)
 
-    def _input_features(self, is_root: torch.Tensor, parent_uids: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def _roots_of(tree: DraftTree, nodes: torch.Tensor) -> int:
+        """How many of ``nodes`` are the root (0 or 1), read from the host tree."""
+        return int(0 in nodes.tolist())
+
+    def _input_features(self, is_root: torch.Tensor, parent_uids: torch.Tensor, roots: int) -> torch.Tensor:
         """``[pending + nodes, hidden]`` input features on the device: the pending chain's projected target
-        features, then each node's parent output (the root's: its target feature); projected by `_project`."""
+        features, then each node's parent output (the root's: its target feature); projected by `_project`.
+        ``roots``: how many of the nodes are the root (a host count: no read of the device indices)."""
         self._project([self])
-        node_features = torch.where(is_root[:, None], self._root_feature, self._node_features[parent_uids])
+        if roots == is_root.numel() == 1:  # the root alone (a round's usual first request): no gather
+            node_features = self._root_feature[None]
+        elif roots == 0:
+            node_features = self._node_features.index_select(0, parent_uids)
+        else:
+            node_features = torch.where(is_root[:, None], self._root_feature, self._node_features[parent_uids])
         if not self.kv.pending.numel():
             return node_features
         return torch.cat([self._pending_feature, node_features])

@@ -31,6 +31,7 @@ from ..kv.target_kv import target_kv
 from ..kv.tree_kv import to_device
 from ..kv.window import prepare
 from ..step_context import DecodingSetup, StepContext, StepOutcome, sampling_params
+from ..tree import host_longs
 from .components import (
     TreeSpecGenerateOutput, check_decoder_only, check_empty_cache, check_drafter, check_text_only, resolve,
     returns_outside_inference_mode,
@@ -207,7 +208,8 @@ class TreeDecodingLoop:
         results = self.verifier.verify_rows([trees[s] for s in drafted_slots], [processed[s] for s in drafted_slots])
         for slot, result in zip(drafted_slots, results):
             accepted = result.accepted.cpu()
-            tokens = torch.cat([trees[slot].tokens[accepted[1:]], torch.tensor([result.next_token])])
+            drafts = trees[slot].tokens.tolist()  # the path's tokens from host lists: one tensor, not four ops
+            tokens = host_longs([drafts[node] for node in accepted.tolist()[1:]] + [int(result.next_token)])
             # the path's node indices and tokens reach the device in one copy (they pick the path's logits rows and
             # drafter features; emit appends the tokens)
             path, device_tokens = to_device(self.device, accepted, tokens)

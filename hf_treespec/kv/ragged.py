@@ -21,7 +21,7 @@ from transformers import DynamicCache
 from ..attention import additive_mask
 from .tree_kv import buffered_rows, moved_in_one_op, to_device, tree_layers
 from .window import TreeWindows
-from ..tree import DraftTree
+from ..tree import DraftTree, host_longs
 
 
 def _layers(cache: DynamicCache):
@@ -41,13 +41,15 @@ def packed_trees(trees: list[DraftTree]) -> tuple[torch.Tensor, torch.Tensor, to
     if n == 1:  # every row's root alone (a step where no row drafts): nothing to pack
         ids = torch.cat([tree.tokens for tree in trees])[:, None]
         return ids, torch.zeros_like(ids), torch.ones(len(trees), 1, 1, dtype=torch.bool)
-    ids = torch.zeros(len(trees), n, dtype=torch.long)
-    depth = torch.zeros(len(trees), n, dtype=torch.long)
+    # tokens and depths from host lists (padding nodes: token 0, depth 0), one tensor each
+    pad = [[0] * (n - tree.num_nodes) for tree in trees]
+    ids = host_longs([tree.tokens.tolist() + rest for tree, rest in zip(trees, pad)])
+    depth = host_longs([tree.depth.tolist() + rest for tree, rest in zip(trees, pad)])
+    if all(tree.num_nodes == n for tree in trees):
+        return ids, depth, torch.stack([tree.ancestor_mask() for tree in trees])
     among = torch.eye(n, dtype=torch.bool).repeat(len(trees), 1, 1)
-    for i, tree in enumerate(trees):  # one tensor copy per row: a tree's own fields, never a per-node loop
+    for i, tree in enumerate(trees):  # one tensor copy per row: a tree's own mask, never a per-node loop
         m = tree.num_nodes
-        ids[i, :m] = tree.tokens
-        depth[i, :m] = tree.depth
         among[i, :m, :m] = tree.ancestor_mask()
     return ids, depth, among
 
@@ -123,21 +125,18 @@ class RaggedKV:
     def commit(self, accepted: list[torch.Tensor]) -> None:
         """After a forward that appended every active row's tree past the old width: keeps each active row's accepted path (node
         indices, root first) right after its committed tokens, then cuts the cache to the longest row."""
-        sizes = [int(a.numel()) for a in accepted]  # Python ints: no tensor read per row
-        counts = torch.tensor(sizes)
-        width = self.width
-        batch_idx = torch.repeat_interleave(torch.arange(len(accepted)), counts)
-        starts = torch.repeat_interleave(self.lengths, counts)
-        offsets = torch.cat([torch.arange(size) for size in sizes])
-        destination = starts + offsets
-        source = width + torch.cat([a.cpu() for a in accepted])
-        self.lengths = self.lengths + counts
+        # the moves worked out on host lists (a step's few accepted rows), as tensors only for the rows that move
+        paths, lengths, width = [a.tolist() for a in accepted], self.lengths.tolist(), self.width
+        moving = [(row, lengths[row] + i, width + node) for row, path in enumerate(paths)
+                  for i, node in enumerate(path) if lengths[row] + i != width + node]
+        self.lengths = host_longs([length + len(path) for length, path in zip(lengths, paths)])
         new_width = self.width
-        moves = destination != source
-        any_moves = bool(moves.any())
+        any_moves = bool(moving)
         layers = list(_layers(self.cache))
-        if any_moves and moved_in_one_op(layers, batch_idx[moves], source[moves], destination[moves]):
-            any_moves = False  # every layer's rows moved: the layers below are only cut
+        if any_moves:
+            batch_idx, destination, source = (host_longs(list(column)) for column in zip(*moving))
+            if moved_in_one_op(layers, batch_idx, source, destination):
+                any_moves = False  # every layer's rows moved: the layers below are only cut
         indices: dict[torch.device, tuple[torch.Tensor, ...]] = {}  # moved once per device, not once per layer
         for layer in layers:
             buffered = buffered_rows(layer) is not None  # moved in its buffers, cut by a count
@@ -145,7 +144,7 @@ class RaggedKV:
             if any_moves:
                 device = keys.device
                 if device not in indices:
-                    indices[device] = to_device(device, batch_idx[moves], destination[moves], source[moves])
+                    indices[device] = to_device(device, batch_idx, destination, source)
                 b, dst, src = indices[device]
                 keys[b, :, dst] = keys[b, :, src]
                 values[b, :, dst] = values[b, :, src]
