@@ -22,6 +22,7 @@ import torch
 from transformers import DynamicCache
 
 from ..attention import float_mask
+from ..tree import host_longs
 from .tree_kv import TreeKV, buffered_rows, to_device
 
 
@@ -65,15 +66,14 @@ def stack_rows(requests: list[RowRequest], dtype: torch.dtype, device: torch.dev
     past = [r.past for r in requests]
     new = [int(r.ids.numel()) for r in requests]
     rows, width, longest = len(requests), max(new), max(past)
-    ids = torch.zeros(rows, width, dtype=torch.long)
-    positions = torch.zeros(rows, width, dtype=torch.long)
+    # ids and positions left-padded with zeros, from host lists (one tensor each)
+    ids = host_longs([[0] * (width - n) + r.ids.tolist() for r, n in zip(requests, new)])
+    positions = host_longs([[0] * (width - n) + r.positions.tolist() for r, n in zip(requests, new)])
     visible = torch.zeros(rows, width, longest + width, dtype=torch.bool)
-    visible[:, range(width), range(longest, longest + width)] = True  # padding queries see themselves only
+    # padding queries see themselves only; a real query's own column is rewritten below with its new-token block
+    visible.diagonal(offset=longest, dim1=1, dim2=2).fill_(True)
     for row, request in enumerate(requests):
         start = width - new[row]
-        ids[row, start:] = request.ids
-        positions[row, start:] = request.positions
-        visible[row, start:] = False
         visible[row, start:, : past[row]] = request.visible[:, : past[row]]
         visible[row, start:, longest + start :] = request.visible[:, past[row] :]
     ids, positions, visible = to_device(device, ids, positions, visible)
