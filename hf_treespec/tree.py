@@ -203,7 +203,7 @@ class DraftTree:
         kept = keep.tolist()
         if kept != sorted(set(kept)):
             kept = sorted(set(kept))
-            keep = torch.tensor(kept, dtype=torch.long)
+            keep = host_longs(kept)
         if len(kept) == self.num_nodes:  # every node: the tree itself (trees are never changed in place)
             return self
         # the parents renumbered on the host: a list pass instead of a remap tensor
@@ -213,12 +213,15 @@ class DraftTree:
         if not kept or kept[0] != 0 or -1 in new_parents[1:]:
             raise ValueError("DraftTree.select: the kept set must contain the root and every kept node's parent")
         keep = keep.long()
-        pick = lambda field: None if field is None else field.index_select(0, keep)  # noqa: E731
+
+        def pick(column: torch.Tensor | None) -> torch.Tensor | None:
+            return None if column is None else column.index_select(0, keep)
+
         anc = self._cache.get("anc")
         return replace(
             self,
             tokens=pick(self.tokens),
-            parents=torch.tensor(new_parents, dtype=torch.long),
+            parents=host_longs(new_parents),
             depth=pick(self.depth),
             scores=pick(self.scores),
             q_index=pick(self.q_index),

@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from ..tree import DraftTree
+from ..tree import DraftTree, host_longs
 from ..budget import AUTO, step_budget
 from .base import POLICIES, Draft, Growth, TreePolicy, topk_children
 
@@ -54,7 +54,7 @@ class SALFPolicy(TreePolicy):
                 candidates = [i for i in candidates if search.depth[i] < int(max_depth)]
             if not candidates:
                 break
-            expand = torch.tensor(candidates)
+            expand = host_longs(candidates)
             if sizer is not None:
                 members = search.member_mask()
                 expand = expand[sizer.in_best_prefix(tree, expand, members)]
@@ -76,7 +76,7 @@ class SALFPolicy(TreePolicy):
             fresh = [i for i in fresh if search.alive[i]]
             if search.dead > max(32, len(search.alive) // 2):  # most of a large tree dropped: compact it
                 tree, fresh = search.compact(tree, fresh)
-        tree = tree.select(torch.tensor(search.members()))
+        tree = tree.select(host_longs(search.members()))
         return Draft(sizer.prune(tree) if sizer is not None else tree)
 
 
@@ -139,7 +139,7 @@ class _Search:
         self.depth = [self.depth[i] for i in live]
         self.in_g = [self.in_g[i] for i in live]
         self.alive = [True] * len(live)
-        return tree.select(torch.tensor(live)), [index[i] for i in fresh]
+        return tree.select(host_longs(live)), [index[i] for i in fresh]
 
     def _keep_only(self, dropped: set[int]) -> None:
         """Drops ``dropped`` and every node below them (orphans can never enter G: their pr <= the dropped
