@@ -213,8 +213,8 @@ class TreeKV:
         pending chain, earlier tree rows, the new nodes): what a distance-dependent mask (a sliding window) needs. A
         pruned tree row, which no query sees, gets the root's position."""
         before, root, depth = self.committed + int(self.pending.numel()), self.root_position, tree.depth.tolist()
-        rows = [depth[max(index, 0)] for index in self._row_index(tree)]
-        return host_longs(list(range(before)) + [root + d for d in rows] + [root + depth[n] for n in nodes.tolist()])
+        rows = [root + depth[max(index, 0)] for index in self._row_index(tree)]
+        return torch.cat([torch.arange(before), host_longs(rows + [root + depth[n] for n in nodes.tolist()])])
 
     def fed(self, tree: DraftTree, nodes: torch.Tensor) -> None:
         """Records that pending tokens and ``nodes`` were just appended to the cache."""
