@@ -197,9 +197,9 @@ class FeatureDrafter(Drafter):
         nodes = nodes.cpu()
         num_pending, num_nodes = int(kv.pending.numel()), int(nodes.numel())
         # one host-to-device copy for the forward's inputs and the feature-table indices
-        ids, positions, mask, *indices = kv.inputs_for(
-            tree, nodes, self._dtype, device=self._device, extra=self._node_indices(tree, nodes))
-        features = self._input_features(*indices[:2], self._roots_of(nodes))[None]
+        host = self._node_indices(tree, nodes)
+        ids, positions, mask, *indices = kv.inputs_for(tree, nodes, self._dtype, device=self._device, extra=host)
+        features = self._input_features(*indices[:2], int(host[0].sum()))[None]
         if self._compiled is not None:  # every row's logits (a fixed logits_to_keep would be a graph per count)
             logits, hidden = self._compiled(ids, positions, mask, kv.cache, features=features)
             logits = logits[:, num_pending:]
@@ -225,8 +225,9 @@ class FeatureDrafter(Drafter):
         cls._project([drafter for drafter, _, _ in requests])
         for drafter, tree, nodes in requests:
             drafter._started()
-            is_root, parent_uids, uids = to_device(first._device, *drafter._node_indices(tree, nodes))
-            roots = drafter._roots_of(nodes)
+            host = drafter._node_indices(tree, nodes)
+            is_root, parent_uids, uids = to_device(first._device, *host)
+            roots = int(host[0].sum())  # counted on the host copy: no read of the device flags
             rows.append(RowRequest(drafter.kv, *drafter.kv.host_inputs(tree, nodes)))
             features.append(drafter._input_features(is_root, parent_uids, roots))
             node_uids.append(uids)
@@ -273,11 +274,6 @@ class FeatureDrafter(Drafter):
                                "the node's input).")
         known.update(node_uids)
         return torch.tensor(is_root, dtype=torch.bool), host_longs(parent_uids), host_longs(node_uids)
-
-    @staticmethod
-    def _roots_of(nodes: torch.Tensor) -> int:
-        """How many of the host ``nodes`` are the root (node 0): 0 or 1."""
-        return int(0 in nodes.tolist())
 
     def _input_features(self, is_root: torch.Tensor, parent_uids: torch.Tensor, roots: int) -> torch.Tensor:
         """``[pending + nodes, hidden]`` input features on the device: the pending chain's projected target
