@@ -185,14 +185,16 @@ class DraftTree:
     def record_draft_probs(self, nodes: torch.Tensor, probs: torch.Tensor,
                            support: torch.Tensor | None = None) -> "DraftTree":
         """Returns a new tree that remembers q(. | node) for ``nodes`` (rows of ``probs``), and ``support`` (sorted
-        columns outside which those rows are zero; kept while every recorded table shares it)."""
+        columns outside which those rows are zero; joined with the earlier tables' while each table has one)."""
         q_index = self.q_index if self.q_index is not None else torch.full_like(self.tokens, -1)
         start = 0 if self.draft_probs is None else self.draft_probs.shape[0]
         table = probs if self.draft_probs is None else torch.cat([self.draft_probs, probs.to(self.draft_probs.device)])
         q_index = q_index.clone()
         q_index[nodes.long().cpu()] = torch.arange(start, start + nodes.numel())
-        if self.draft_probs is not None and support is not self.draft_support:
-            support = None
+        if self.draft_probs is not None and support is not self.draft_support:  # the union covers every table
+            known = self.draft_support
+            support = None if support is None or known is None else torch.cat([known, support.to(known.device)])
+            support = None if support is None else support.unique()
         return replace(self, draft_probs=table, q_index=q_index, draft_support=support, _cache=dict(self._cache))
 
     def select(self, keep: torch.Tensor) -> "DraftTree":

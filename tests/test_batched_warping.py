@@ -99,3 +99,50 @@ def test_fast_min_length_processors_equal_transformers(dtype):
     listed = LogitsProcessorList(processors)
     out = process_tree_logits(listed, prefix, tree, torch.arange(tree.num_nodes), logits)
     assert torch.equal(out, per_node(listed, prefix, tree, logits))
+
+
+def test_node_rows_process_each_read_row_as_the_whole_tree_would():
+    """`NodeRows` (the rows a top-down walk reads, processed on first read) gives each node the row that processing
+    the whole tree gives, prefix-dependent processors included; a stacked read equals the tensor's rows, a row is
+    processed once, and a node outside the tree is an error."""
+    from hf_treespec.generation.processors import NodeRows
+
+    vocab = 500
+    processors = LogitsProcessorList(WARPER_SETS["interleaved custom"])
+    tree = random_tree(vocab)
+    logits = torch.randn(tree.num_nodes, vocab, generator=torch.Generator().manual_seed(2)) * 4
+    prefix = torch.randint(0, vocab, (1, 30), generator=torch.Generator().manual_seed(3))
+    whole = process_tree_logits(processors, prefix, tree, torch.arange(tree.num_nodes), logits)
+    rows = NodeRows(processors, prefix, tree, logits)
+    assert len(rows) == tree.num_nodes
+    for node in (7, 0, 13, 7):
+        assert torch.equal(rows[node], whole[node])
+    assert rows[7] is rows[7]  # kept after the first read
+    path = torch.tensor([0, 3, 7])
+    assert torch.equal(rows[path], whole[path]) and torch.equal(rows[[0, 3, 7]], whole[path])
+    with pytest.raises(IndexError, match="not in a tree of"):
+        rows[tree.num_nodes]
+
+
+@pytest.mark.parametrize("policy", ["dyspec", "iid"])
+def test_visited_rows_decode_as_every_row(target, drafters, prompt, policy):
+    """Sampling through a top-down verifier with the rows its walk reads processed on demand gives, at a seed, the
+    tokens and scores of processing every tree row (the processors draw nothing): prefix-dependent processors and
+    top-k over trees that were drafted."""
+    from conftest import assert_drafted
+    from hf_treespec.verifiers.topdown import TopDownVerifier
+
+    kwargs = dict(assistant_model=drafters["perturbed"], do_sample=True, top_k=20, repetition_penalty=1.3,
+                  temperature=0.9, max_new_tokens=20, return_dict_in_generate=True, output_scores=True)
+    outs = {}
+    for lazy in (True, False):
+        torch.manual_seed(5)
+        try:
+            TopDownVerifier.reads_visited_rows = lazy
+            outs[lazy] = (target.generate(prompt, tree_policy="dyspec", tree_budget=6, **kwargs) if policy == "dyspec"
+                          else target.generate(prompt, tree_policy="iid", tree_paths=2, tree_depth=3, **kwargs))
+        finally:
+            TopDownVerifier.reads_visited_rows = True
+    assert_drafted(outs[True])
+    assert torch.equal(outs[True].sequences, outs[False].sequences)
+    assert all(torch.equal(a, b) for a, b in zip(outs[True].scores, outs[False].scores))

@@ -7,6 +7,7 @@ import torch
 
 from hf_treespec import randomness
 from hf_treespec.kv.tree_kv import keep_rows, to_device
+from hf_treespec.policies import base as policy_base
 from hf_treespec.verifiers import topdown
 from hf_treespec.drafters import TreeSpecDrafterConfig, TreeSpecDrafterModel
 from sync_counter import SyncCounter
@@ -38,7 +39,7 @@ BATCH_BUDGET = 24
 def as_on_a_device(monkeypatch):
     """The counter stands for a device on the CPU: the compaction of a draw to the columns q can draw
     (`support_columns`, CPU only: its ``nonzero`` would wait for a device) stays off, as it does on a device."""
-    for module in (randomness, topdown):
+    for module in (randomness, topdown, policy_base):
         monkeypatch.setattr(module, "support_columns", lambda probs: None)
 
 

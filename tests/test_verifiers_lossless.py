@@ -232,6 +232,31 @@ def test_exact_lossless_over_a_declared_support(problem):
     assert_lossless(law, p_fn, 5, max(int(tree.max_depth) for tree, _ in trees) + 1)
 
 
+def varying_q(path: tuple[int, ...]) -> torch.Tensor:
+    """q zero on one or two columns that change with the node (found by the draws, not declared)."""
+    q = toy_table(1, path, 5).clone()
+    q[[len(path) % 5, (sum(path) + 3) % 5]] = 0
+    return q / q.sum()
+
+
+@pytest.mark.parametrize("problem", ["dyspec-b4", "static-sampled"])
+def test_exact_lossless_over_the_columns_the_draws_found(problem):
+    """No declared support, q zero on columns that vary by node: a draw round finds its rows' positive columns once
+    (`support_columns`), the tree keeps the union over its rounds, and the SWOR walk over it still emits the target
+    law; every column where a recorded q row is positive is in the tree's support."""
+    policy, _ = make_policy(problem)
+    trees = tree_law(policy, varying_q, TableSource)
+    drafted = [tree for tree, _ in trees if tree.num_nodes > 1]
+    assert drafted and all(tree.draft_support is not None for tree in drafted)
+    for tree in drafted:
+        positive = (tree.draft_probs > 0).any(0).nonzero().squeeze(-1)
+        assert set(positive.tolist()) <= set(tree.draft_support.tolist())
+        assert torch.equal(tree.draft_support, tree.draft_support.sort().values)
+    p_fn = lambda path: toy_table(0, path, 5)  # noqa: E731
+    law = step_law(VERIFIERS.get("swor")(), trees, p_fn)
+    assert_lossless(law, p_fn, 5, max(int(tree.max_depth) for tree, _ in trees) + 1)
+
+
 @pytest.mark.parametrize("verifier", ["specinfer", "spectr", "khisti", "khisti_priority", "traversal", "naivetree"])
 def test_exact_lossless_when_draft_equals_target(verifier):
     """p == q everywhere: still exactly p, and every draft is accepted except by the priority tournament, whose

@@ -38,7 +38,7 @@ from .components import (
 )
 from .draft_source import WarpedDraftSource
 from .drafting import DraftRound, draft_trees
-from .processors import process_tree_logits, processors_for_rows, run_processors
+from .processors import NodeRows, process_tree_logits, processors_for_rows, run_processors
 from .rows import (
     RowState, RowVerdict, Verification, append_chunk, attention_mask_of, check_batch_inputs, fork_drafter, pad_token,
     padded_sequences, stack_steps,
@@ -198,7 +198,11 @@ class TreeDecodingLoop:
             if slot in verdicts:
                 continue
             raw = logits[slot, : tree.num_nodes]
-            processed[slot] = process_tree_logits(row.processors, row.ids, tree, torch.arange(tree.num_nodes), raw)
+            if tree.num_nodes > 1 and self.verifier.reads_visited_rows and len(row.processors):
+                processed[slot] = NodeRows(row.processors, row.ids, tree, raw)  # the walk's rows, when it reads them
+            else:
+                processed[slot] = process_tree_logits(row.processors, row.ids, tree, torch.arange(tree.num_nodes),
+                                                      raw)
             if tree.num_nodes == 1:  # a root-only row whose scores are kept: the target's own choice
                 token = torch.tensor([self.verifier.target_choice(processed[slot][0])])
                 verdicts[slot] = RowVerdict(self.root_only, token, raw, processed[slot],
@@ -213,7 +217,9 @@ class TreeDecodingLoop:
             # the path's node indices and tokens reach the device in one copy (they pick the path's logits rows and
             # drafter features; emit appends the tokens)
             path, device_tokens = to_device(self.device, accepted, tokens)
-            kept = (None, None) if self.lean else (logits[slot, path], processed[slot][path])
+            rows = processed[slot]  # the path's processed rows: NodeRows reads host indices (no device sync)
+            kept = (None, None) if self.lean else (logits[slot, path],
+                                                   rows[accepted if isinstance(rows, NodeRows) else path])
             verdicts[slot] = RowVerdict(accepted, tokens, *kept, path, device_tokens)
         ordered = [verdicts[slot] for slot in range(len(trees))]
         self.kv.commit([verdict.accepted for verdict in ordered])

@@ -43,7 +43,7 @@ import torch
 from ..budget import check_budget, is_auto
 from ..registry import Registry
 from ..step_context import CONTEXT_NEEDS, DecodingSetup, StepContext, StepOutcome
-from ..randomness import Randomness, without_replacement
+from ..randomness import Randomness, support_columns, without_replacement
 from ..tree import DraftTree, Regime, to_host
 
 if TYPE_CHECKING:
@@ -359,6 +359,8 @@ def sibling_sequence(
     logq = yield LogprobsRequest(tree, nodes)
     support = (yield SupportRequest()).columns
     probs = exp_on(logq, support)
+    if support is None:  # q's positive columns, found once (on a CPU) for the draws and the verifier's walk
+        support = support_columns(probs)
     tokens, valid = without_replacement(probs, count, generator, support)
     values = logq.gather(1, tokens).masked_fill(~valid, float("-inf"))
     return tokens, values, probs, support

@@ -42,6 +42,9 @@ class Verifier(ABC):
     chain_only: bool = False
     sampling: bool = True  # False for the T=0 (argmax) verifier
     needs_draft_probs: bool = False
+    #: whether `verify` reads ``target_logits[node]`` (an int) for the nodes its walk visits and nothing else: the
+    #: loop then hands it a `~hf_treespec.generation.processors.NodeRows` that processes a row on its first read
+    reads_visited_rows: bool = False
 
     @abstractmethod
     def verify(self, tree: DraftTree, target_logits: torch.Tensor, generator: Randomness = None) -> VerifyResult:

@@ -33,6 +33,7 @@ class TopDownVerifier(Verifier):
 
     lossless_regimes = frozenset({Regime.IID})
     needs_draft_probs = True
+    reads_visited_rows = True
     #: whether `solve` changes the weights of the tokens q gives nothing alike (each keeps its share of p, as
     #: (p - q)+ does): it then runs over q's columns plus one pooled entry for the rest (`_solve_pooled`)
     pools_undrafted: bool = False
