@@ -117,16 +117,20 @@ def without_replacement(
     return _gumbel_top(probs, num, generator)
 
 
-def support_columns(probs: torch.Tensor) -> torch.Tensor | None:
-    """The columns where some row of the CPU weights ``probs`` ``[R, V]`` is positive, when that is not all of
-    them (a drafter with a reduced vocabulary scores 8192 of SmolLM2's 49152 tokens: the vocabulary-wide passes of a
-    draw are most of its cost on a CPU); None otherwise, and on a device, whose ``nonzero`` would wait for it."""
+def support_columns(probs: torch.Tensor, within: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The sorted columns where some row of the CPU weights ``probs`` ``[R, V]`` is positive, searched among the
+    sorted columns ``within`` (a superset of them, e.g. a reduced draft vocabulary) or the whole row: a drafter with a
+    reduced vocabulary scores 8192 of SmolLM2's 49152 tokens, and top-k leaves 50 of them, so the vocabulary-wide
+    passes of a draw and of its verification are most of their cost on a CPU. ``within`` (None: every column) when
+    every column searched is positive, and on a device, whose ``nonzero`` would wait for it."""
     if probs.device.type != "cpu" or probs.shape[0] == 0:
-        return None
-    used = (probs > 0).any(0) if probs.shape[0] > 1 else probs[0] > 0
+        return within
+    searched = probs if within is None else probs.index_select(-1, within)
+    used = (searched > 0).any(0) if probs.shape[0] > 1 else searched[0] > 0
     if int(used.count_nonzero()) == used.numel():
-        return None
-    return used.nonzero().squeeze(-1)
+        return within
+    found = used.nonzero().squeeze(-1)
+    return found if within is None else within[found]
 
 
 def _gumbel_top(probs: torch.Tensor, num: int, generator: Randomness) -> tuple[torch.Tensor, torch.Tensor]:

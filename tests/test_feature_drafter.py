@@ -131,6 +131,36 @@ def test_draft_support_is_the_sorted_draft_vocabulary(target):
     assert FeatureDrafter(make_drafter(target)).draft_support is None
 
 
+def test_sampling_warpers_run_over_the_draft_vocabulary_alone(target):
+    """`WarpedDraftSource` keeps a reduced vocabulary's columns as its support under sampling's column-local warpers
+    (temperature, top-k, top-p, min-p filling with -inf): log q over those columns equals the vocabulary-wide warp and
+    log-softmax, -inf elsewhere. A processor that may write outside them (a finite filter value, keeping two
+    tokens, removing infinities) keeps the vocabulary-wide route."""
+    from transformers import (InfNanRemoveLogitsProcessor, LogitsProcessorList, MinPLogitsWarper,
+                              TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
+
+    from hf_treespec.generation.draft_source import WarpedDraftSource
+
+    drafter = make_drafter(target, draft_vocab_size=24)
+    drafter.set_draft_vocab(permuted_vocab(24))
+    adapter = FeatureDrafter(drafter)
+    logits = drafter.target_logits(torch.randn(3, 24, generator=torch.Generator().manual_seed(1)) * 3)
+    tree, nodes, prefix = DraftTree.root(5), torch.zeros(3, dtype=torch.long), torch.tensor([[5]])
+    for warpers in ([], [TemperatureLogitsWarper(0.7)], [TemperatureLogitsWarper(1.3), TopKLogitsWarper(5)],
+                    [TopPLogitsWarper(0.8)], [MinPLogitsWarper(0.1), TopKLogitsWarper(30)]):
+        processors = LogitsProcessorList(warpers)
+        source = WarpedDraftSource(adapter, processors, prefix)
+        assert torch.equal(source.support, adapter.draft_support)
+        logq = source.warp(tree, nodes, logits)
+        wide = torch.log_softmax(processors(prefix.expand(3, -1), logits.clone()), dim=-1)
+        assert torch.isinf(logq[:, ~torch.isin(torch.arange(VOCAB), adapter.draft_support)]).all()
+        assert torch.equal(torch.isinf(logq), torch.isinf(wide))
+        assert torch.allclose(logq.exp(), wide.exp(), atol=1e-6)
+    for warper in (TopKLogitsWarper(5, filter_value=-50.0), TopPLogitsWarper(0.8, min_tokens_to_keep=2),
+                   InfNanRemoveLogitsProcessor()):
+        assert WarpedDraftSource(adapter, LogitsProcessorList([warper]), prefix).support is None
+
+
 @pytest.mark.parametrize("input_mode", ["fc", "eagle3"])
 def test_forward_with_tree_mask_equals_each_path_alone(target, input_mode):
     """Training with tree attention (TALF): one forward over a tree = independent causal forwards over its paths."""
@@ -472,3 +502,18 @@ def test_packaged_card_template_matches_repository_copy():
 
     repo_copy = Path(__file__).resolve().parent.parent / "model_cards" / "drafter_card.md"
     assert template_path().read_text() == repo_copy.read_text()
+
+
+def test_support_columns_searches_within_a_superset():
+    """`support_columns`: the sorted positive columns of some row, searched among ``within`` when given; ``within``
+    itself (or None) when every searched column is positive."""
+    from hf_treespec.randomness import support_columns
+
+    probs = torch.zeros(2, 10)
+    probs[0, [1, 4]] = 0.5
+    probs[1, [4, 8]] = 0.5
+    assert torch.equal(support_columns(probs), torch.tensor([1, 4, 8]))
+    within = torch.tensor([1, 2, 4, 8])
+    assert torch.equal(support_columns(probs, within), torch.tensor([1, 4, 8]))
+    dense = torch.full((1, 10), 0.1)
+    assert support_columns(dense) is None and support_columns(dense, within) is within

@@ -40,7 +40,7 @@ def as_on_a_device(monkeypatch):
     """The counter stands for a device on the CPU: the compaction of a draw to the columns q can draw
     (`support_columns`, CPU only: its ``nonzero`` would wait for a device) stays off, as it does on a device."""
     for module in (randomness, topdown, policy_base):
-        monkeypatch.setattr(module, "support_columns", lambda probs: None)
+        monkeypatch.setattr(module, "support_columns", lambda probs, within=None: within)
 
 
 @pytest.fixture(scope="module")

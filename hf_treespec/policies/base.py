@@ -359,8 +359,8 @@ def sibling_sequence(
     logq = yield LogprobsRequest(tree, nodes)
     support = (yield SupportRequest()).columns
     probs = exp_on(logq, support)
-    if support is None:  # q's positive columns, found once (on a CPU) for the draws and the verifier's walk
-        support = support_columns(probs)
+    # q's positive columns (top-k leaves 50 of a draft vocabulary's 8192), found once for the draws and the walk
+    support = support_columns(probs, support)
     tokens, valid = without_replacement(probs, count, generator, support)
     values = logq.gather(1, tokens).masked_fill(~valid, float("-inf"))
     return tokens, values, probs, support
