@@ -78,7 +78,7 @@ def test_preallocated_layers_decode_like_dynamic_ones(monkeypatch, one_op):
             torch.testing.assert_close(outs[0], outs[1])
             length = caches[0].get_seq_length()
             # a two-token accepted path: the first and the last new row (moved), or the first two (kept in place)
-            kept = torch.tensor([0, 2] if step % 3 else [0, 1])
+            kept = [0, 2] if step % 3 else [0, 1]
             for cache in caches:
                 keep_rows(cache, length - 3, kept)
             assert caches[1].layers[0].rows_in_buffers == caches[0].get_seq_length()

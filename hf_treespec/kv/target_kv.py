@@ -83,4 +83,4 @@ class OneRowKV:
         """Nothing to move: when its one row finishes, the loop ends."""
 
     def finish(self, lengths):
-        keep_rows(self.tree_kv.cache, int(lengths[0]) - 1, torch.zeros(0, dtype=torch.long))
+        keep_rows(self.tree_kv.cache, int(lengths[0]) - 1, [])

@@ -55,18 +55,18 @@ def buffered_rows(layer) -> int | None:
     return getattr(layer, "rows_in_buffers", None)
 
 
-def keep_rows(cache: DynamicCache, start: int, rows: torch.Tensor | list[int]) -> None:
-    """Keeps the first ``start`` rows and the rows ``start + rows`` (ascending) of every layer of ``cache``, in place.
+def keep_rows(cache: DynamicCache, start: int, rows: list[int]) -> None:
+    """Keeps the first ``start`` rows and the rows ``start + rows`` (a host list, ascending) of every layer of
+    ``cache``, in place.
 
     Only the kept tree rows are moved (written right after the prefix); the rest is cut with a view, as
     ``DynamicCache.crop`` does, so a step costs O(accepted rows), not a copy of the whole cache. A chain whose
     accepted rows already follow the prefix moves nothing, and a layer that holds exactly the kept rows is untouched.
     Preallocated layers' buffers move in one op call (`hf_treespec.compiled.row_moves`) where it is built.
     """
-    listed = rows.tolist() if isinstance(rows, torch.Tensor) else list(rows)
-    count = len(listed)
-    in_place = listed == list(range(count))
-    rows = rows.cpu() if isinstance(rows, torch.Tensor) else host_longs(listed)
+    count = len(rows)
+    in_place = list(rows) == list(range(count))
+    rows = host_longs(rows)
     layers = list(tree_layers(cache))
     moved = not in_place and _kept_in_one_op(layers, start, rows)
     sources: dict[torch.device, torch.Tensor] = {}  # the row index, moved once per device (not once per layer)
