@@ -96,8 +96,9 @@ def without_replacement(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sequential sampling without replacement, ``num`` per row of ``probs`` ``[F, V]``, by Gumbel-top-k.
 
-    ``support``: sorted columns outside which every row is zero (else found here on a CPU, `support_columns`): the
-    keys are drawn for those columns only, the others' being -inf anyway. Returns ``tokens`` ``[F, num]`` in sampling
+    ``support``: sorted columns outside which every row is zero (None: every column; the caller finds them once with
+    `support_columns`, for the draws and the verification): the keys are drawn for those columns only, the others'
+    being -inf anyway. Returns ``tokens`` ``[F, num]`` in sampling
     order and ``valid`` ``[F, num]`` (False past a row's support)."""
     num = min(num, probs.shape[-1])
     if _is_source(generator):
@@ -108,11 +109,10 @@ def without_replacement(
             tokens[i, : drawn.numel()] = drawn
             valid[i, : drawn.numel()] = True
         return tokens, valid
-    columns = support if support is not None else support_columns(probs)
-    if columns is not None:  # the keys of the columns some row can draw; the others' are -inf anyway
-        tokens, valid = _gumbel_top(probs.index_select(1, columns), num, generator)
+    if support is not None:  # the keys of the columns some row can draw; the others' are -inf anyway
+        tokens, valid = _gumbel_top(probs.index_select(1, support), num, generator)
         missing = num - tokens.shape[-1]  # past every row's support: still ``num`` columns, marked invalid
-        return (torch.nn.functional.pad(columns[tokens], (0, missing)),
+        return (torch.nn.functional.pad(support[tokens], (0, missing)),
                 torch.nn.functional.pad(valid, (0, missing), value=False))
     return _gumbel_top(probs, num, generator)
 

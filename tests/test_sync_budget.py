@@ -5,9 +5,9 @@ stated below, and check that the counter sees a planted read, so a regression ca
 import pytest
 import torch
 
-from hf_treespec import randomness
 from hf_treespec.kv.tree_kv import keep_rows, to_device
 from hf_treespec.policies import base as policy_base
+from hf_treespec.policies import swor as swor_policy
 from hf_treespec.verifiers import topdown
 from hf_treespec.drafters import TreeSpecDrafterConfig, TreeSpecDrafterModel
 from sync_counter import SyncCounter
@@ -39,7 +39,7 @@ BATCH_BUDGET = 24
 def as_on_a_device(monkeypatch):
     """The counter stands for a device on the CPU: the compaction of a draw to the columns q can draw
     (`support_columns`, CPU only: its ``nonzero`` would wait for a device) stays off, as it does on a device."""
-    for module in (randomness, topdown, policy_base):
+    for module in (swor_policy, topdown, policy_base):
         monkeypatch.setattr(module, "support_columns", lambda probs, within=None: within)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..budget import step_budget
-from ..randomness import Randomness, without_replacement
+from ..randomness import Randomness, support_columns, without_replacement
 from ..step_context import StepContext
 from ..tree import DraftTree, Regime, to_host
 from .base import POLICIES, Draft, Growth, LogprobsRequest, TreePolicy
@@ -48,9 +48,10 @@ class SWORPolicy(TreePolicy):
         for level in range(depth):
             logq = yield LogprobsRequest(tree, frontier)
             probs = logq.exp()
+            support = support_columns(probs)  # q's positive columns, found once for the draws and the walk
             if self.do_sample:
-                tree = tree.record_draft_probs(frontier, probs)
-            tokens, valid = to_host(*without_replacement(probs, k, generator))  # to the host tree
+                tree = tree.record_draft_probs(frontier, probs, support)
+            tokens, valid = to_host(*without_replacement(probs, k, generator, support))  # to the host tree
             rows = torch.arange(frontier.numel())[:, None].expand_as(tokens)[valid]
             tokens = tokens[valid]
             start = tree.num_nodes
