@@ -193,8 +193,8 @@ class DraftTree:
         q_index[nodes.long().cpu()] = torch.arange(start, start + nodes.numel())
         if self.draft_probs is not None and support is not self.draft_support:  # the union covers every table
             known = self.draft_support
-            support = None if support is None or known is None else torch.cat([known, support.to(known.device)])
-            support = None if support is None else support.unique()
+            support = (None if support is None or known is None
+                       else torch.cat([known, support.to(known.device)]).unique())
         return replace(self, draft_probs=table, q_index=q_index, draft_support=support, _cache=dict(self._cache))
 
     def select(self, keep: torch.Tensor) -> "DraftTree":
