@@ -146,3 +146,46 @@ def test_visited_rows_decode_as_every_row(target, drafters, prompt, policy):
     assert_drafted(outs[True])
     assert torch.equal(outs[True].sequences, outs[False].sequences)
     assert all(torch.equal(a, b) for a, b in zip(outs[True].scores, outs[False].scores))
+
+
+class DtypeRecorder(LogitsProcessor):
+    """Records the dtype of every score tensor it is handed; changes nothing."""
+
+    def __init__(self):
+        self.seen = []
+
+    def __call__(self, input_ids, scores):
+        self.seen.append(scores.dtype)
+        return scores
+
+
+@pytest.mark.parametrize("policy, verifier", [("dyspec", "swor"), ("iid", "traversal"), ("salf", "greedy"),
+                                              ("salf auto", "greedy")])
+def test_bf16_rows_reach_processors_in_fp32(target, drafters, prompt, policy, verifier):
+    """A bf16 target's step logits stay bf16 unless returned, and every row generate's processors read is cast to
+    fp32 first, as plain ``generate`` casts its last row: through the walk's visited rows (swor), every row at once
+    (traversal), greedy trees (salf) and draft-free steps (``auto`` on this random pair); the same tokens with
+    scores returned."""
+    import copy
+
+    from conftest import assert_drafted
+
+    model, drafter = copy.deepcopy(target).to(torch.bfloat16), copy.deepcopy(drafters["perturbed"]).to(torch.bfloat16)
+    sampling = dict(do_sample=True, top_k=20, temperature=0.9) if verifier != "greedy" else dict(do_sample=False)
+    outs, recorders = {}, {}
+    for scores in (True, False):
+        recorders[scores] = DtypeRecorder()
+        kwargs = dict(assistant_model=drafter, tree_policy=policy.split()[0], verifier=verifier, max_new_tokens=20,
+                      logits_processor=LogitsProcessorList([recorders[scores]]), return_dict_in_generate=True,
+                      output_scores=scores, **sampling)
+        torch.manual_seed(5)
+        outs[scores] = (model.generate(prompt, tree_budget=6, **kwargs) if policy == "dyspec"
+                        else model.generate(prompt, tree_paths=2, tree_depth=3, **kwargs) if policy == "iid"
+                        else model.generate(prompt, tree_budget=4, **kwargs) if policy == "salf"
+                        else model.generate(prompt, tree_budget="auto", **kwargs))
+    if policy == "salf auto":  # draft-free steps: the root-only rows' own processing
+        assert outs[False].drafted_steps < len(outs[False].accepted_lengths)
+    else:
+        assert_drafted(outs[False])
+    assert recorders[False].seen and set(recorders[False].seen) == {torch.float32}
+    assert torch.equal(outs[True].sequences, outs[False].sequences)

@@ -107,11 +107,12 @@ class TreeDecodingLoop:
         self.want_scores = self.want_dict and generation_config.output_scores
         self.want_logits = self.want_dict and generation_config.output_logits
         self.mask_dtype = model.dtype  # read once: the property walks the parameters
-        # with no processor, no returned scores and no policy reading p, only the verifier reads a step's logits, at
-        # the nodes it visits: the forward's own logits go to it (greedy: a bf16 model's cast exactly to fp32 has the
-        # same maxima; sampling: `target_probs` casts each row it reads), not the rows x vocabulary cast to fp32
-        # (0.25-0.35 ms a tree step, bf16, 2-core EPYC), and no row's logits are kept past the verdict
-        self.lean = not (len(logits_processor) or self.want_scores or self.want_logits or "target_probs" in self.needs)
+        # the path's rows are kept past the verdict only for returned scores / logits or a policy reading p; without
+        # them only the verifier reads a step's logits, at the nodes it visits: the forward's own logits go to it
+        # (greedy: a bf16 model's cast exactly to fp32 has the same maxima; sampling: `target_probs` casts each row it
+        # reads, and generate's processors see each row they process cast to fp32), not the rows x vocabulary cast to
+        # fp32 (0.25-0.35 ms a tree step, bf16, 2-core EPYC)
+        self.keeps_rows = self.want_scores or self.want_logits or "target_probs" in self.needs
         self.kv = target_kv(cache, self.prompt_mask, self.windows, engine=compiled)
         # the clock syncs the device only when someone reads its numbers: the caller (return_dict_in_generate), the
         # sizing (auto budgets learn from measured time) or the policy ("latencies" in its context_needs)
@@ -190,7 +191,7 @@ class TreeDecodingLoop:
         ids, positions, mask = self.kv.step_inputs(trees, self.mask_dtype, self.device, self.target.explicit_masks)
         step_logits, states = self.target.step(ids, positions, mask)
         self.timer.target_ran()
-        logits = step_logits if self.lean else step_logits.float()
+        logits = step_logits.float() if self.keeps_rows else step_logits
         plain = [slot for slot, tree in enumerate(trees) if tree.num_nodes == 1 and not self.want_scores]
         verdicts = self.plain_rows(plain, logits)
         drafted_slots, processed = [], {}
@@ -218,8 +219,8 @@ class TreeDecodingLoop:
             # drafter features; emit appends the tokens)
             path, device_tokens = to_device(self.device, accepted, tokens)
             rows = processed[slot]  # the path's processed rows: NodeRows reads host indices (no device sync)
-            kept = (None, None) if self.lean else (logits[slot, path],
-                                                   rows[accepted if isinstance(rows, NodeRows) else path])
+            kept = (None, None) if not self.keeps_rows else (logits[slot, path],
+                                                             rows[accepted if isinstance(rows, NodeRows) else path])
             verdicts[slot] = RowVerdict(accepted, tokens, *kept, path, device_tokens)
         ordered = [verdicts[slot] for slot in range(len(trees))]
         self.kv.commit([verdict.accepted for verdict in ordered])
@@ -241,7 +242,8 @@ class TreeDecodingLoop:
             ids = rows[0].ids if len(rows) == 1 else torch.cat([row.ids for row in rows])
             processors = (self.logits_processor if len(group) == self.batch
                           else processors_for_rows(self.logits_processor, [row.index for row in rows]))
-            scores = raw.clone() if self.want_logits else raw
+            # processors see fp32 scores (a copy when the raw row is returned: they may write in place), as in generate
+            scores = (raw.clone() if self.want_logits else raw.float()) if len(processors) else None
             processed = run_processors(processors, ids, scores) if len(processors) else raw
             # plain generate's argmax (first maximum on ties), or one vectorised draw per row when sampling
             tokens = self.verifier.target_choices(processed).cpu()

@@ -115,7 +115,9 @@ def process_tree_logits(
     """
     if len(processors) == 0:
         return logits
-    out = logits.clone()  # a processor may write in place; the raw logits are returned separately
+    # fp32 scores, as generate hands its processors (a bf16 step's rows are cast where processed); a copy either way:
+    # a processor may write in place, and the raw logits are returned separately
+    out = logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits.clone()
     for independent, run in groupby(processors, key=is_prefix_independent):
         run = list(run)
         if independent:
