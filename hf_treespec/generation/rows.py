@@ -48,7 +48,7 @@ class RowVerdict:
         accepted: host node indices of the accepted path, root first.
         tokens: host tokens the step commits (the accepted drafts, then the target's next token).
         raw / processed: ``[len(tokens), V]`` raw and processed target logits along the path (None for a drafted
-            row of a loop that reads neither: `TreeDecodingLoop.lean`).
+            row of a loop that keeps neither: `TreeDecodingLoop.keeps_rows`).
         path / device_tokens: ``accepted`` and ``tokens`` on the device (one copy); None for a root-only row.
         stopped: for a plain row, whose token was appended and checked with its group: whether it stopped.
     """
