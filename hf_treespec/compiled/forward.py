@@ -188,6 +188,9 @@ class CompiledForward:
     compile_seconds: dict[str, float] = field(default_factory=dict)
     #: steps run by packages (they do not call the module: its forward hooks do not see them)
     packaged_calls: int = 0
+    #: seconds inside those calls (on a CPU the graphs' run, on an accelerator their launch): what a measurement
+    #: takes from a call's wall time to leave the host's share (`packaged_time`)
+    packaged_seconds: float = 0.0
     #: what the model is, in the log lines
     role: str = "target"
 
@@ -351,7 +354,10 @@ class CompiledForward:
                 logger.info("hf_treespec: loaded the %s's forward (%s) from %s in %.1f s.", self.role, name,
                             package.path, self.compile_seconds[name])
         self.packaged_calls += 1
-        return package(self, input_ids, position_ids, mask, cache, extra)
+        start = time.perf_counter()
+        out = package(self, input_ids, position_ids, mask, cache, extra)
+        self.packaged_seconds += time.perf_counter() - start
+        return out
 
     def _packaging(self) -> bool:
         """Whether the steps run through packages (`settings.packaged`, inductor, no packaging failure yet)."""
@@ -501,6 +507,13 @@ def compiled_forward_for(model: torch.nn.Module, settings: CompileSettings,
 def packaged_steps(model: torch.nn.Module) -> int:
     """The steps the packages of ``model``'s compiled forwards ran (`CompiledForward.packaged_calls`)."""
     return sum(compiled.packaged_calls for compiled in model.__dict__.get(_STORE, {}).values())
+
+
+def packaged_time(*models: torch.nn.Module) -> float:
+    """Seconds the packages of the ``models``' compiled forwards ran in this process (`packaged_seconds`): a
+    decoding call's wall time less the change in this is its host work on a CPU."""
+    return sum(compiled.packaged_seconds for model in models
+               for compiled in model.__dict__.get(_STORE, {}).values())
 
 
 def release(model: torch.nn.Module) -> None:

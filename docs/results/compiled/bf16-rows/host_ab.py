@@ -2,9 +2,9 @@
 switched on and off: ``on`` leaves a step's target logits in bf16 unless returned (each row cast where generate's
 processors read it), ``off`` casts the step's rows x vocabulary to fp32 and keeps the path's rows, as every run with
 processors did before (`TreeDecodingLoop.keeps_rows` forced True). Variants alternate call by call, ten rounds,
-after a warm-up; per step: (wall time of a call - time inside the packaged graphs' calls) / steps. DySpec, one layer
-of 4 siblings, bf16, 2 threads, one ShareGPT dev prompt x 64 new tokens, seeded per round. Usage: python host_ab.py
-(after run.sh built the packages)."""
+after a warm-up; per step: (wall time of a call - time inside the packaged graphs' calls, `packaged_time`) /
+steps. DySpec, one layer of 4 siblings, bf16, 2 threads, one ShareGPT dev prompt x 64 new tokens, seeded per round.
+Usage: python host_ab.py (after run.sh built the packages)."""
 import statistics
 import time
 
@@ -14,25 +14,13 @@ from transformers import CompileConfig
 from hf_treespec.assets import sharegpt_prompts
 from hf_treespec.benchmark.batched import left_pad
 from hf_treespec.benchmark.loading import build_prompt, load_drafter, load_model
-from hf_treespec.compiled import packaged
+from hf_treespec.compiled.forward import packaged_time
 from hf_treespec.generation import loop
 
 torch.set_num_threads(2)
 model, tokenizer = load_model("smollm2-135m-instruct", "bf16")
 drafter = load_drafter("default", model, "bf16")
 ids, mask = left_pad([build_prompt(tokenizer, sharegpt_prompts("dev", 1)[0])], tokenizer.pad_token_id or 0)
-inside = [0.0]
-call = packaged.PackagedGraph.__call__
-
-
-def timed(self, *args, **kwargs):
-    start = time.perf_counter()
-    out = call(self, *args, **kwargs)
-    inside[0] += time.perf_counter() - start
-    return out
-
-
-packaged.PackagedGraph.__call__ = timed
 init = loop.TreeDecodingLoop.__init__
 CAST_ALL = [False]
 
@@ -59,12 +47,11 @@ with torch.inference_mode():
         for name in names:
             CAST_ALL[0] = VARIANTS[name]
             torch.manual_seed(round_)
-            inside[0] = 0.0
-            start = time.perf_counter()
+            graphs, start = packaged_time(model, drafter), time.perf_counter()
             out = model.generate(ids, **kwargs)
             seconds = time.perf_counter() - start
             steps = max(len(row) for row in out.row_accepted_lengths)
-            host[name].append((seconds - inside[0]) / steps * 1e3)
+            host[name].append((seconds - (packaged_time(model, drafter) - graphs)) / steps * 1e3)
             wall[name].append(seconds / steps * 1e3)
 differences = [a - b for a, b in zip(host["on"], host["off"])]
 for name in VARIANTS:
