@@ -159,33 +159,57 @@ class DtypeRecorder(LogitsProcessor):
         return scores
 
 
-@pytest.mark.parametrize("policy, verifier", [("dyspec", "swor"), ("iid", "traversal"), ("salf", "greedy"),
-                                              ("salf auto", "greedy")])
+def bf16_pair(target, drafters):
+    """bf16 copies of the tiny target and its perturbed drafter."""
+    import copy
+
+    return copy.deepcopy(target).to(torch.bfloat16), copy.deepcopy(drafters["perturbed"]).to(torch.bfloat16)
+
+
+def decode_recording(generate, scores: bool) -> tuple:
+    """``generate(**kwargs)`` at seed 5 with a `DtypeRecorder` as its processor, scores returned or not."""
+    recorder = DtypeRecorder()
+    torch.manual_seed(5)
+    out = generate(logits_processor=LogitsProcessorList([recorder]), output_scores=scores, max_new_tokens=20,
+                   return_dict_in_generate=True)
+    return out, recorder
+
+
+@pytest.mark.parametrize("policy, verifier", [("dyspec", "swor"), ("iid", "traversal"), ("salf", "greedy")])
 def test_bf16_rows_reach_processors_in_fp32(target, drafters, prompt, policy, verifier):
     """A bf16 target's step logits stay bf16 unless returned, and every row generate's processors read is cast to
     fp32 first, as plain ``generate`` casts its last row: through the walk's visited rows (swor), every row at once
-    (traversal), greedy trees (salf) and draft-free steps (``auto`` on this random pair); the same tokens with
-    scores returned."""
-    import copy
-
+    (traversal) and greedy trees (salf); the same tokens with scores returned."""
     from conftest import assert_drafted
 
-    model, drafter = copy.deepcopy(target).to(torch.bfloat16), copy.deepcopy(drafters["perturbed"]).to(torch.bfloat16)
+    model, drafter = bf16_pair(target, drafters)
     sampling = dict(do_sample=True, top_k=20, temperature=0.9) if verifier != "greedy" else dict(do_sample=False)
-    outs, recorders = {}, {}
-    for scores in (True, False):
-        recorders[scores] = DtypeRecorder()
-        kwargs = dict(assistant_model=drafter, tree_policy=policy.split()[0], verifier=verifier, max_new_tokens=20,
-                      logits_processor=LogitsProcessorList([recorders[scores]]), return_dict_in_generate=True,
-                      output_scores=scores, **sampling)
-        torch.manual_seed(5)
-        outs[scores] = (model.generate(prompt, tree_budget=6, **kwargs) if policy == "dyspec"
-                        else model.generate(prompt, tree_paths=2, tree_depth=3, **kwargs) if policy == "iid"
-                        else model.generate(prompt, tree_budget=4, **kwargs) if policy == "salf"
-                        else model.generate(prompt, tree_budget="auto", **kwargs))
-    if policy == "salf auto":  # draft-free steps: the root-only rows' own processing
-        assert outs[False].drafted_steps < len(outs[False].accepted_lengths)
-    else:
-        assert_drafted(outs[False])
-    assert recorders[False].seen and set(recorders[False].seen) == {torch.float32}
-    assert torch.equal(outs[True].sequences, outs[False].sequences)
+    kwargs = dict(assistant_model=drafter, verifier=verifier, **sampling)
+
+    def generate(**more):
+        if policy == "dyspec":
+            return model.generate(prompt, tree_policy="dyspec", tree_budget=6, **kwargs, **more)
+        if policy == "iid":
+            return model.generate(prompt, tree_policy="iid", tree_paths=2, tree_depth=3, **kwargs, **more)
+        return model.generate(prompt, tree_policy="salf", tree_budget=4, **kwargs, **more)
+
+    (with_scores, _), (out, recorder) = decode_recording(generate, True), decode_recording(generate, False)
+    assert_drafted(out)
+    assert recorder.seen and set(recorder.seen) == {torch.float32}
+    assert torch.equal(with_scores.sequences, out.sequences)
+
+
+@pytest.mark.auto_budget
+def test_bf16_draft_free_rows_reach_processors_in_fp32(target, drafters, prompt):
+    """The same for the root-only rows of draft-free steps (``auto`` on this random pair drafts on few steps):
+    processed as plain ``generate`` processes its row, in fp32."""
+    model, drafter = bf16_pair(target, drafters)
+
+    def generate(**more):
+        return model.generate(prompt, assistant_model=drafter, tree_policy="salf", tree_budget="auto",
+                              do_sample=False, **more)
+
+    (with_scores, _), (out, recorder) = decode_recording(generate, True), decode_recording(generate, False)
+    assert out.drafted_steps < len(out.accepted_lengths)  # draft-free steps ran
+    assert recorder.seen and set(recorder.seen) == {torch.float32}
+    assert torch.equal(with_scores.sequences, out.sequences)
