@@ -219,8 +219,8 @@ class TreeDecodingLoop:
             # drafter features; emit appends the tokens)
             path, device_tokens = to_device(self.device, accepted, tokens)
             rows = processed[slot]  # the path's processed rows: NodeRows reads host indices (no device sync)
-            kept = (None, None) if not self.keeps_rows else (logits[slot, path],
-                                                             rows[accepted if isinstance(rows, NodeRows) else path])
+            kept = ((logits[slot, path], rows[accepted if isinstance(rows, NodeRows) else path]) if self.keeps_rows
+                    else (None, None))
             verdicts[slot] = RowVerdict(accepted, tokens, *kept, path, device_tokens)
         ordered = [verdicts[slot] for slot in range(len(trees))]
         self.kv.commit([verdict.accepted for verdict in ordered])
@@ -242,9 +242,10 @@ class TreeDecodingLoop:
             ids = rows[0].ids if len(rows) == 1 else torch.cat([row.ids for row in rows])
             processors = (self.logits_processor if len(group) == self.batch
                           else processors_for_rows(self.logits_processor, [row.index for row in rows]))
-            # processors see fp32 scores (a copy when the raw row is returned: they may write in place), as in generate
-            scores = (raw.clone() if self.want_logits else raw.float()) if len(processors) else None
-            processed = run_processors(processors, ids, scores) if len(processors) else raw
+            # processors see fp32 scores, as in generate (a copy where the raw row is returned: they may write in place)
+            processed = raw
+            if len(processors):
+                processed = run_processors(processors, ids, raw.clone() if self.want_logits else raw.float())
             # plain generate's argmax (first maximum on ties), or one vectorised draw per row when sampling
             tokens = self.verifier.target_choices(processed).cpu()
             extended = torch.cat([ids, tokens[:, None].to(self.device)], dim=1)

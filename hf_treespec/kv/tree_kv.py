@@ -65,7 +65,7 @@ def keep_rows(cache: DynamicCache, start: int, rows: list[int]) -> None:
     Preallocated layers' buffers move in one op call (`hf_treespec.compiled.row_moves`) where it is built.
     """
     count = len(rows)
-    in_place = list(rows) == list(range(count))
+    in_place = rows == list(range(count))
     rows = host_longs(rows)
     layers = list(tree_layers(cache))
     moved = not in_place and _kept_in_one_op(layers, start, rows)
